@@ -1,0 +1,55 @@
+"""snapstate: asynchronous, fully parallel, reshardable, crash-consistent training checkpoints."""
+
+from snapstate.api import async_save, inspect, load, save, verify
+from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.load import LoadResult
+from snapstate.engine.save import SaveOptions
+from snapstate.engine.staging import HostBufferPool
+from snapstate.engine.verify import VerifyReport
+from snapstate.errors import (
+    CheckpointError,
+    CheckpointExistsError,
+    CheckpointLockedError,
+    CheckpointNotFoundError,
+    CheckpointTimeoutError,
+    CheckpointWorkerError,
+    CorruptCheckpointError,
+    IncompatibleStateError,
+    UnsupportedFormatError,
+)
+from snapstate.format.manifest import Manifest
+from snapstate.manager import CheckpointManager
+from snapstate.planning.layout import PlanOptions
+from snapstate.state.rng import RNGState
+from snapstate.state.stateful import RankLocal, Stateful
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointExistsError",
+    "CheckpointLockedError",
+    "CheckpointManager",
+    "CheckpointNotFoundError",
+    "CheckpointTimeoutError",
+    "CheckpointWorkerError",
+    "CorruptCheckpointError",
+    "HostBufferPool",
+    "IncompatibleStateError",
+    "LoadResult",
+    "Manifest",
+    "PlanOptions",
+    "RNGState",
+    "RankLocal",
+    "SaveHandle",
+    "SaveOptions",
+    "SaveResult",
+    "Stateful",
+    "UnsupportedFormatError",
+    "VerifyReport",
+    "async_save",
+    "inspect",
+    "load",
+    "save",
+    "verify",
+]

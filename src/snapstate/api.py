@@ -1,0 +1,126 @@
+"""The functional API: save, async_save, load, verify, inspect."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+from typing import Any, Literal
+
+from snapstate.dist.coordinator import default_coordinator
+from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.load import LoadResult, load_into
+from snapstate.engine.save import SaveOptions, start_save
+from snapstate.engine.staging import HostBufferPool
+from snapstate.engine.verify import VerifyReport, read_manifest, verify_checkpoint
+from snapstate.errors import IncompatibleStateError, StateMismatch
+from snapstate.format.manifest import Manifest
+from snapstate.storage.base import storage_for
+
+PathLike = str | os.PathLike[str]
+
+_lock = threading.Lock()
+_pool: HostBufferPool | None = None
+_in_flight: SaveHandle | None = None
+
+
+def default_pool() -> HostBufferPool:
+    """The process-wide staging pool, kept warm between async saves."""
+    global _pool
+    with _lock:
+        if _pool is None:
+            _pool = HostBufferPool()
+        return _pool
+
+
+def wait_for_pending() -> None:
+    """Block until the previous async save ends; raise its error if nobody saw it yet."""
+    global _in_flight
+    handle, _in_flight = _in_flight, None
+    if handle is not None and not handle.observed:
+        handle.wait()
+
+
+def save(
+    state: Any, path: PathLike, *, step: int | None = None, process_group: Any = None,
+    timeout: float | None = None, overwrite: bool = False, options: SaveOptions | None = None,
+) -> SaveResult:
+    """Save ``state`` to the directory ``path`` and return once it is committed.
+
+    Collective when torch.distributed is initialized: every rank of ``process_group`` calls it.
+    """
+    wait_for_pending()
+    opts = _options(options, timeout, overwrite)
+    return start_save(state, storage_for(path), default_coordinator(process_group), pool=None, step=step, options=opts).wait()
+
+
+def async_save(
+    state: Any, path: PathLike, *, step: int | None = None, process_group: Any = None,
+    timeout: float | None = None, overwrite: bool = False, options: SaveOptions | None = None,
+    pool: HostBufferPool | None = None,
+) -> SaveHandle:
+    """Stage ``state`` into host buffers and return; writing and commit continue in the background.
+
+    After it returns the caller may change its tensors freely: the checkpoint holds the values
+    of the moment of the call. One save is in flight at a time per process: a new save first
+    waits for the previous one (and raises its error if it failed unobserved).
+    """
+    global _in_flight
+    wait_for_pending()
+    opts = _options(options, timeout, overwrite)
+    handle = start_save(state, storage_for(path), default_coordinator(process_group), pool=pool or default_pool(), step=step, options=opts)
+    _in_flight = handle
+    return handle
+
+
+def load(
+    state: Any, path: PathLike, *, strict: bool = True, process_group: Any = None,
+    rank_local: Literal["load", "skip"] = "load", timeout: float | None = None,
+) -> LoadResult:
+    """Fill ``state`` in place from the checkpoint at ``path``.
+
+    Tensors are copied into the state's tensors, Stateful objects get ``load_state_dict``,
+    plain values are replaced. Keys the checkpoint has and the state lacks are ignored.
+    """
+    storage = storage_for(path)
+    manifest = read_manifest(storage)
+    coord = default_coordinator(process_group)
+    rank = coord.rank if rank_local == "load" else None
+    if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
+        raise IncompatibleStateError(
+            storage.root,
+            [StateMismatch("<rank-local>", f"saved on {manifest.world_size} ranks, loading on {coord.world_size}; pass rank_local='skip' to leave rank-local state as it is")],
+        )
+    return load_into(state, storage, manifest, rank, strict=strict)
+
+
+def verify(path: PathLike) -> VerifyReport:
+    """Check every checksum and header; raises CorruptCheckpointError naming file and key."""
+    return verify_checkpoint(storage_for(path))
+
+
+def inspect(path: PathLike) -> Manifest:
+    """The validated manifest of a committed checkpoint."""
+    return read_manifest(storage_for(path))
+
+
+def _options(options: SaveOptions | None, timeout: float | None, overwrite: bool) -> SaveOptions:
+    from dataclasses import replace
+
+    opts = options or SaveOptions()
+    if timeout is not None:
+        opts = replace(opts, timeout=timeout)
+    if overwrite:
+        opts = replace(opts, overwrite=True)
+    return opts
+
+
+@atexit.register
+def _finish_in_flight() -> None:
+    # A process that exits right after async_save still commits its last checkpoint.
+    handle = _in_flight
+    if handle is not None:
+        try:
+            handle.wait()
+        except Exception:  # noqa: BLE001 - nothing left to report to at exit
+            pass

@@ -1,0 +1,1 @@
+"""Coordination between ranks: foreground collectives and a background-safe barrier."""

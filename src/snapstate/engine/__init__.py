@@ -1,0 +1,1 @@
+"""The engine: stage (the only blocking part), persist in the background, commit, read."""

@@ -1,0 +1,130 @@
+"""Commit: per-rank markers, then the coordinator assembles and publishes the manifest.
+
+A rank's marker lists what it wrote (chunks with checksums) and is written only after its
+shard files are fsynced. The coordinator commits only when every rank has reported success;
+a missing or failed rank means no manifest and an error on every rank.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import time
+from typing import Any
+
+import torch
+
+from snapstate.dist.coordinator import Coordinator
+from snapstate.errors import CheckpointError, CheckpointTimeoutError
+from snapstate.format.manifest import (
+    MANIFEST,
+    ChunkRecord,
+    FileRecord,
+    Manifest,
+    RankLocalRecord,
+    TensorRecord,
+)
+from snapstate.planning.items import ItemMeta, SavePlan
+from snapstate.storage.base import Storage
+
+MARKERS = ".markers"
+
+
+def marker_path(rank: int) -> str:
+    return f"{MARKERS}/r{rank:05d}.json"
+
+
+def write_marker(storage: Storage, rank: int, marker: dict[str, Any]) -> None:
+    storage.write_atomic(marker_path(rank), json.dumps(marker, separators=(",", ":")).encode())
+
+
+def read_markers(storage: Storage, world_size: int) -> list[dict[str, Any]]:
+    return [json.loads(storage.read_bytes(marker_path(r))) for r in range(world_size)]
+
+
+def assemble_manifest(plan: SavePlan, markers: list[dict[str, Any]], tree: dict[str, Any], step: int | None, timings: dict[str, Any]) -> Manifest:
+    """Pure: the manifest from the plan and what every rank reported."""
+    tensors = {key: _record(meta, markers[0]["kinds"].get(key, "tensor")) for key, meta in plan.metas.items()}
+    rank_local: dict[int, RankLocalRecord] = {}
+    files: dict[str, FileRecord] = {}
+    for marker in markers:
+        rank = marker["rank"]
+        local = RankLocalRecord(marker["rank_local"]["trees"], {})
+        for key, info in marker["rank_local"]["tensors"].items():
+            local.tensors[key] = TensorRecord(info["dtype"], info["shape"], info["kind"], "rank_local", [])
+        for path, size in marker["files"].items():
+            files[path] = FileRecord(size, rank)
+        for c in marker["chunks"]:
+            record = ChunkRecord(c["offsets"], c["sizes"], c["file"], c["name"], c["start"], c["end"], c["block_bytes"], c["xxh3"])
+            (local.tensors if c["placement"] == "rank_local" else tensors)[c["key"]].chunks.append(record)
+        if local.trees or local.tensors:
+            rank_local[rank] = local
+    for rec in [*tensors.values(), *(t for r in rank_local.values() for t in r.tensors.values())]:
+        rec.chunks.sort(key=lambda c: c.offsets)
+    per_rank = [sum(m["files"].values()) for m in markers]
+    return Manifest(
+        tree=tree, tensors=tensors, rank_local=rank_local, files=files, world_size=len(markers), step=step,
+        created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        versions=_versions(),
+        totals={
+            "bytes": sum(per_rank),
+            "tensor_bytes": sum(c["end"] - c["start"] for m in markers for c in m["chunks"]),
+            "bytes_per_rank": per_rank,
+            "files": len(files),
+        },
+        timings={**timings, "per_rank": [m["timings"] for m in markers]},
+    )
+
+
+def _record(meta: ItemMeta, kind: str) -> TensorRecord:
+    return TensorRecord(meta.dtype, list(meta.shape), kind, meta.placement.value, [])
+
+
+def _versions() -> dict[str, str]:
+    from snapstate import __version__
+
+    return {"snapstate": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def commit_keys(save_id: str, world_size: int) -> list[str]:
+    return [f"snapstate/{save_id}/done/{r}" for r in range(world_size)]
+
+
+def finish_rank(
+    coord: Coordinator, storage: Storage, save_id: str, plan: SavePlan, tree: dict[str, Any], step: int | None, timeout: float
+) -> float:
+    """After this rank's marker is written: commit (coordinator) or wait for the commit."""
+    started = time.perf_counter()
+    commit_key = f"snapstate/{save_id}/commit"
+    if coord.rank == 0:
+        try:
+            outcome = coord.await_keys(commit_keys(save_id, coord.world_size), timeout)
+            failed = [f"rank {r}: {o}" for r, o in enumerate(outcome) if o != "ok"]
+            if failed:
+                raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
+            manifest = assemble_manifest(plan, read_markers(storage, coord.world_size), tree, step, {"commit_started": time.time()})
+            storage.write_atomic(MANIFEST, manifest.to_json())
+            storage.remove_tree(MARKERS)
+        except BaseException as exc:
+            if coord.world_size > 1:
+                coord.publish(commit_key, f"error: {exc}")
+            raise
+        if coord.world_size > 1:
+            coord.publish(commit_key, "ok")
+    else:
+        (outcome,) = coord.await_keys([commit_key], timeout)
+        if outcome != "ok":
+            raise CheckpointError(f"checkpoint {storage.root} was not committed: {outcome}")
+    return time.perf_counter() - started
+
+
+def report_failure(coord: Coordinator, save_id: str, exc: BaseException) -> None:
+    """Tell the coordinator this rank will not arrive, so it fails fast instead of timing out."""
+    try:
+        coord.publish(commit_keys(save_id, coord.world_size)[coord.rank], f"error: {type(exc).__name__}: {exc}")
+    except Exception:  # noqa: BLE001 - the store itself may be gone; the timeout then applies
+        pass
+
+
+__all__ = ["CheckpointTimeoutError", "assemble_manifest", "finish_rank", "report_failure", "write_marker"]

@@ -1,0 +1,165 @@
+"""Load: intersect target tensors with stored chunks, read only the bytes needed, verify, copy.
+
+A chunk that a target holds whole and contiguously is read straight into the target's memory
+(no extra copy); any other overlap reads the block-aligned span that covers it, verifies those
+blocks, and copies the overlap out.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from snapstate.engine.staging import byte_view
+from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, SkippedKeys
+from snapstate.format.dtypes import dtype_from_name
+from snapstate.format.dtypes import itemsize as dtype_itemsize
+from snapstate.format.integrity import verify_blocks
+from snapstate.format.manifest import ChunkRecord, Manifest, TensorRecord
+from snapstate.planning.items import Box
+from snapstate.planning.reshard import covering_span, local_slices, overlap
+from snapstate.state.dtensor import local_box, local_data
+from snapstate.state.restore import StoredTensor, plan_restore
+from snapstate.storage.base import Storage
+
+DEFAULT_READ_THREADS = 4
+
+
+@dataclass
+class LoadResult:
+    """What a load did; ``skipped`` lists what a non-strict load left untouched."""
+
+    path: str
+    bytes_read: int = 0
+    seconds: float = 0.0
+    skipped: SkippedKeys = field(default_factory=SkippedKeys)
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    key: str
+    record: TensorRecord
+    chunk: ChunkRecord
+    part: Box  # the overlap, in global coordinates
+    target: torch.Tensor  # the slice of the target's local data that receives ``part``
+
+
+def records_for(manifest: Manifest, rank: int | None) -> Callable[[str, bool], TensorRecord | None]:
+    local = manifest.rank_local.get(rank) if rank is not None else None
+
+    def find(key: str, rank_local: bool) -> TensorRecord | None:
+        if rank_local:
+            return local.tensors.get(key) if local else None
+        return manifest.tensors.get(key)
+
+    return find
+
+
+def load_into(state: Any, storage: Storage, manifest: Manifest, rank: int | None, *, strict: bool, threads: int = DEFAULT_READ_THREADS) -> LoadResult:
+    """Fill ``state`` in place. ``rank=None`` skips rank-local state."""
+    started = time.perf_counter()
+    find = records_for(manifest, rank)
+
+    def lookup(key: str, rank_local: bool) -> StoredTensor | None:
+        rec = find(key, rank_local)
+        return StoredTensor(dtype_from_name(rec.dtype), tuple(rec.shape), rec.kind) if rec else None
+
+    rl_trees = manifest.rank_local[rank].trees if rank is not None and rank in manifest.rank_local else ({} if rank is not None else None)
+    plan = plan_restore(state, manifest.tree, lookup, rl_trees)
+    if plan.mismatches and strict:
+        raise IncompatibleStateError(storage.root, plan.mismatches)
+    tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
+    result = LoadResult(storage.root, skipped=SkippedKeys(missing=[m.key for m in plan.mismatches if m.problem.startswith("missing")], mismatched=plan.mismatches))
+    result.bytes_read = run_reads(storage, tasks, threads)
+    for finalize in plan.finalizers:
+        finalize()
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[ReadTask]:
+    box = local_box(target)
+    data = local_data(target)
+    tasks = []
+    for chunk in record.chunks:
+        part = overlap(Box(tuple(chunk.offsets), tuple(chunk.sizes)), box)
+        if part is None and box.numel == 0 and Box(tuple(chunk.offsets), tuple(chunk.sizes)).numel == 0:
+            continue
+        if part is not None:
+            tasks.append(ReadTask(key, record, chunk, part, data[local_slices(box, part)]))
+    return tasks
+
+
+def run_reads(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
+    counter = _Counter()
+    if threads <= 1 or len(tasks) <= 1:
+        for t in tasks:
+            counter.add(read_one(storage, t))
+        return counter.value
+    with ThreadPoolExecutor(threads, thread_name_prefix="snapstate-read") as pool:
+        for n in pool.map(lambda t: read_one(storage, t), tasks):
+            counter.add(n)
+    return counter.value
+
+
+def read_one(storage: Storage, task: ReadTask) -> int:
+    """Read and verify what ``task`` needs; returns the bytes read from storage."""
+    chunk = task.chunk
+    dtype = dtype_from_name(task.record.dtype)
+    chunk_box = Box(tuple(chunk.offsets), tuple(chunk.sizes))
+    itemsize = dtype_itemsize(dtype)
+    nbytes = chunk_box.numel * itemsize
+    if task.part == chunk_box and task.target.is_contiguous() and task.target.device.type == "cpu":
+        target_bytes = byte_view(task.target)
+        _read(storage, chunk, chunk.start, target_bytes, task.key)
+        _verify(target_bytes, 0, chunk, task.key)
+        return nbytes
+    span = covering_span(chunk_box, task.part, itemsize, chunk.block_bytes)
+    buffer = torch.empty(span.end - span.start, dtype=torch.uint8)
+    view = byte_view(buffer)
+    _read(storage, chunk, chunk.start + span.start, view, task.key)
+    _verify(view, span.first_block, chunk, task.key)
+    task.target.copy_(_select(buffer, span.start, span.row_start, chunk_box, task.part, dtype, itemsize))
+    return len(view)
+
+
+def _select(buffer: torch.Tensor, span_start: int, row_start: int, chunk: Box, part: Box, dtype: torch.dtype, itemsize: int) -> torch.Tensor:
+    if not chunk.sizes:
+        return buffer.view(dtype).view(())
+    row_bytes = math.prod(chunk.sizes[1:]) * itemsize
+    begin = row_start * row_bytes - span_start
+    rows = buffer[begin : begin + part.sizes[0] * row_bytes].view(dtype).view(part.sizes[0], *chunk.sizes[1:])
+    inner = tuple(slice(p - c, p - c + s) for p, c, s in zip(part.offsets[1:], chunk.offsets[1:], part.sizes[1:]))
+    return rows[(slice(None), *inner)]
+
+
+def _read(storage: Storage, chunk: ChunkRecord, offset: int, out: memoryview, key: str) -> None:
+    try:
+        storage.read_into(chunk.file, offset, out)
+    except FileNotFoundError:
+        raise CorruptCheckpointError("shard file is missing", file=chunk.file, key=key) from None
+    except EOFError as exc:
+        raise CorruptCheckpointError(f"shard file is truncated: {exc}", file=chunk.file, key=key) from None
+
+
+def _verify(data: memoryview, first_block: int, chunk: ChunkRecord, key: str) -> None:
+    bad = verify_blocks(data, first_block, chunk.block_bytes, chunk.xxh3)
+    if bad is not None:
+        raise CorruptCheckpointError(f"checksum mismatch in block {bad} of chunk {chunk.name!r}", file=chunk.file, key=key)
+
+
+class _Counter:
+    def __init__(self) -> None:
+        self.value = 0
+        self._lock = threading.Lock()
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self.value += n

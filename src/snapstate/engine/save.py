@@ -1,0 +1,153 @@
+"""A save, end to end: flatten -> gather metadata -> plan -> stage -> persist -> commit."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from snapstate.dist.coordinator import Coordinator, gather_or_raise
+from snapstate.engine.commit import finish_rank, report_failure, write_marker
+from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.persist import PersistStats, RankWriter
+from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager, row_pieces
+from snapstate.errors import CheckpointExistsError
+from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
+from snapstate.format.manifest import MANIFEST
+from snapstate.planning.items import ItemMeta, Placement, RankPlan, SavePlan
+from snapstate.planning.layout import PlanOptions, plan_save
+from snapstate.state.dtensor import item_meta, source_view
+from snapstate.state.flatten import FlatState, flatten_state
+from snapstate.storage.base import Storage
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    timeout: float = 1800.0  # seconds to wait for other ranks or for staging memory
+    block_bytes: int = DEFAULT_BLOCK_BYTES  # one xxh3 checksum per block
+    piece_bytes: int = DEFAULT_SLAB_BYTES  # unit of staging and writing
+    threads: int = 1  # writer threads per rank (files are spread over them)
+    overwrite: bool = False  # replace a committed checkpoint at the same path
+    plan: PlanOptions = field(default_factory=PlanOptions)
+
+
+@dataclass
+class _Prepared:
+    flat: FlatState
+    plan: SavePlan
+    save_id: str
+
+
+def start_save(
+    state: Any, storage: Storage, coord: Coordinator, *, pool: HostBufferPool | None, step: int | None, options: SaveOptions
+) -> SaveHandle:
+    """Blocking part of a save; returns a handle whose background work persists and commits.
+
+    ``pool=None`` means a blocking save: CPU tensors are written straight from their memory.
+    """
+    started = time.perf_counter()
+    prepared = _prepare(state, storage, coord, options)
+    rank_plan = prepared.plan.for_rank(coord.rank)
+    try:
+        writer = RankWriter(storage, rank_plan, options.block_bytes, options.threads)
+        _stage_all(prepared.flat, rank_plan, writer, Stager(pool, options.timeout), options.piece_bytes)
+    except BaseException as exc:
+        report_failure(coord, prepared.save_id, exc)
+        if "writer" in locals():
+            writer.abort()
+        raise
+    blocking_s = time.perf_counter() - started
+
+    def persist_and_commit() -> SaveResult:
+        try:
+            stats = writer.close()
+            storage.sync_dir("shards")
+            write_marker(storage, coord.rank, _marker(coord.rank, prepared, rank_plan, stats, options, blocking_s))
+        except BaseException as exc:
+            report_failure(coord, prepared.save_id, exc)
+            raise
+        coord.publish(f"snapstate/{prepared.save_id}/done/{coord.rank}", "ok")
+        persist_s = time.perf_counter() - started - blocking_s
+        commit_s = finish_rank(coord, storage, prepared.save_id, prepared.plan, prepared.flat.tree, step, options.timeout)
+        return SaveResult(
+            path=storage.root, step=step, rank=coord.rank, world_size=coord.world_size, bytes_written=rank_plan.nbytes,
+            files=[f.path for f in rank_plan.files], blocking_s=blocking_s, persist_s=persist_s, commit_s=commit_s,
+            total_s=time.perf_counter() - started,
+        )
+
+    if pool is None:
+        return SaveHandle(result=persist_and_commit())
+    return SaveHandle(run=persist_and_commit)
+
+
+def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
+    def local() -> tuple[list[ItemMeta], str]:
+        if coord.rank == 0:
+            _clear_target(storage, options.overwrite)
+        flat = flatten_state(state)
+        holder.append(flat)
+        return _item_metas(flat), uuid.uuid4().hex
+
+    holder: list[FlatState] = []
+    gathered = gather_or_raise(coord, local)
+    plan = plan_save([metas for metas, _ in gathered], options.plan)
+    return _Prepared(holder[0], plan, gathered[0][1])
+
+
+def _clear_target(storage: Storage, overwrite: bool) -> None:
+    """Refuse to clobber a committed checkpoint; remove leftovers of an interrupted save."""
+    if storage.exists(MANIFEST):
+        if not overwrite:
+            raise CheckpointExistsError(f"{storage.root} already holds a committed checkpoint (pass overwrite=True to replace it)")
+        storage.remove(MANIFEST)  # uncommit first: a crash below leaves no torn checkpoint
+        storage.sync_dir()
+    storage.remove_tree("shards")
+    storage.remove_tree(".markers")
+    storage.makedirs("shards")
+
+
+def _item_metas(flat: FlatState) -> list[ItemMeta]:
+    metas = [item_meta(k, t, rank_local=False) for k, t in flat.tensors.items()]
+    metas += [item_meta(k, t, rank_local=True) for k, t in flat.rank_local_tensors.items()]
+    return metas
+
+
+def _stage_all(flat: FlatState, rank_plan: RankPlan, writer: RankWriter, stager: Stager, piece_bytes: int) -> None:
+    with torch.no_grad():
+        for file in rank_plan.files:
+            for placed in file.items:
+                item = placed.item
+                tensors = flat.rank_local_tensors if item.placement is Placement.RANK_LOCAL else flat.tensors
+                view = source_view(tensors[item.key], item.box)
+                pieces = list(row_pieces(view, piece_bytes))
+                for i, (offset, rows) in enumerate(pieces):
+                    writer.submit(placed, offset, stager.stage(rows), last=i == len(pieces) - 1)
+    stager.finish()
+
+
+def _marker(rank: int, prepared: _Prepared, rank_plan: RankPlan, stats: PersistStats, options: SaveOptions, blocking_s: float) -> dict[str, Any]:
+    flat = prepared.flat
+    chunks = [
+        {
+            "key": p.item.key, "placement": p.item.placement.value, "file": p.file, "name": p.item.name,
+            "start": p.start, "end": p.end, "offsets": list(p.item.box.offsets), "sizes": list(p.item.box.sizes),
+            "block_bytes": options.block_bytes, "xxh3": stats.digests[(p.file, p.start)],
+        }
+        for f in rank_plan.files
+        for p in f.items
+    ]
+    local_tensors = {
+        k: {"dtype": m.dtype, "shape": list(m.shape), "kind": flat.kinds[k]}
+        for k, m in ((k, item_meta(k, t, True)) for k, t in flat.rank_local_tensors.items())
+    }
+    return {
+        "rank": rank,
+        "files": {f.path: f.size for f in rank_plan.files},
+        "chunks": chunks,
+        "kinds": {k: flat.kinds[k] for k in flat.tensors},
+        "rank_local": {"trees": flat.rank_local_trees, "tensors": local_tensors},
+        "timings": {"blocking_s": blocking_s, "write_s": stats.write_s, "bytes": rank_plan.nbytes},
+    }

@@ -1,0 +1,189 @@
+"""Staging: copy this rank's chunks into a reusable host buffer pool under a memory budget.
+
+This is the only part of an async save that stalls training. Buffers are kept warm between
+saves (copying into existing memory beats allocating it); when the state is larger than the
+budget, staging waits for the writer to free slabs, so the stall grows and the memory does not.
+On CUDA the slabs are pinned and copies run on a side stream that the training stream waits on.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from snapstate.errors import CheckpointTimeoutError
+
+DEFAULT_SLAB_BYTES = 64 << 20
+ALIGN = 64
+
+
+def default_budget() -> int:
+    try:
+        import psutil
+
+        return max(DEFAULT_SLAB_BYTES, int(psutil.virtual_memory().total * 0.25))
+    except Exception:  # noqa: BLE001 - psutil missing or unreadable /proc: a fixed fallback
+        return 8 << 30
+
+
+class Slab:
+    """One host buffer; pieces are bump-allocated into it and released by the writer."""
+
+    def __init__(self, nbytes: int, pinned: bool) -> None:
+        self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
+        self.nbytes = nbytes
+        self.used = 0
+        self.in_flight = 0
+        self.sealed = False
+
+    def reset(self) -> None:
+        self.used = self.in_flight = 0
+        self.sealed = False
+
+
+class HostBufferPool:
+    """Slabs of ``slab_bytes`` allocated lazily up to ``budget_bytes`` and reused across saves."""
+
+    def __init__(self, budget_bytes: int | None = None, slab_bytes: int = DEFAULT_SLAB_BYTES, pin: bool | None = None) -> None:
+        self.budget_bytes = max(budget_bytes or default_budget(), slab_bytes)
+        self.slab_bytes = slab_bytes
+        self.pin = torch.cuda.is_available() if pin is None else pin
+        self._cond = threading.Condition()
+        self._free: list[Slab] = []
+        self._allocated = 0
+        self._current: Slab | None = None
+        self.peak_bytes = 0
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self._allocated
+
+    def reserve(self, nbytes: int, timeout: float | None) -> tuple[Slab, int]:
+        """A slab and offset with room for ``nbytes``; waits while the budget is spent."""
+        with self._cond:
+            slab = self._current
+            if slab is not None and slab.used + nbytes <= slab.nbytes:
+                return self._take(slab, nbytes)
+            self._seal_current()
+            slab = self._new_slab(max(nbytes, self.slab_bytes), timeout)
+            self._current = slab
+            return self._take(slab, nbytes)
+
+    def release(self, slab: Slab) -> None:
+        with self._cond:
+            slab.in_flight -= 1
+            self._recycle_if_idle(slab)
+
+    def seal(self) -> None:
+        """End of a save's staging: the current slab takes no more pieces."""
+        with self._cond:
+            self._seal_current()
+
+    def clear(self) -> None:
+        """Drop idle slabs (memory returns to the allocator)."""
+        with self._cond:
+            self._allocated -= sum(s.nbytes for s in self._free)
+            self._free.clear()
+
+    def _take(self, slab: Slab, nbytes: int) -> tuple[Slab, int]:
+        offset = slab.used
+        slab.used = -(-(offset + nbytes) // ALIGN) * ALIGN
+        slab.in_flight += 1
+        return slab, offset
+
+    def _seal_current(self) -> None:
+        if self._current is not None:
+            self._current.sealed = True
+            self._recycle_if_idle(self._current)
+            self._current = None
+
+    def _recycle_if_idle(self, slab: Slab) -> None:
+        if slab.sealed and slab.in_flight == 0:
+            if slab.nbytes == self.slab_bytes:
+                slab.reset()
+                self._free.append(slab)
+            else:  # an oversized one-off slab is not kept warm
+                self._allocated -= slab.nbytes
+            self._cond.notify_all()
+
+    def _new_slab(self, nbytes: int, timeout: float | None) -> Slab:
+        def available() -> bool:
+            return (nbytes == self.slab_bytes and bool(self._free)) or self._allocated + nbytes <= self.budget_bytes or self._allocated == 0
+
+        if not self._cond.wait_for(available, timeout=timeout):
+            raise CheckpointTimeoutError(f"no staging buffer freed within {timeout}s (budget {self.budget_bytes} bytes)")
+        if nbytes == self.slab_bytes and self._free:
+            return self._free.pop()
+        self._allocated += nbytes
+        self.peak_bytes = max(self.peak_bytes, self._allocated)
+        return Slab(nbytes, self.pin)
+
+
+def byte_view(t: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous CPU tensor, without copying."""
+    flat = t.detach().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+def row_pieces(view: torch.Tensor, max_bytes: int) -> Iterator[tuple[int, torch.Tensor]]:
+    """Split a chunk along dim 0 into (byte offset in chunk, rows) of at most ``max_bytes``."""
+    if view.dim() == 0 or view.shape[0] <= 1 or view.numel() * view.element_size() <= max_bytes:
+        yield 0, view
+        return
+    row_bytes = (view.numel() // view.shape[0]) * view.element_size()
+    rows = max(1, max_bytes // max(row_bytes, 1))
+    for start in range(0, view.shape[0], rows):
+        yield start * row_bytes, view[start : start + rows]
+
+
+@dataclass
+class StagedBytes:
+    data: memoryview
+    release: Callable[[], None] | None  # give the buffer back once written
+    ready: Callable[[], None] | None  # wait for an asynchronous device copy
+
+
+class Stager:
+    """Copies pieces into the pool (async saves) or exposes them in place (blocking saves)."""
+
+    def __init__(self, pool: HostBufferPool | None, timeout: float | None) -> None:
+        self.pool = pool
+        self.timeout = timeout
+        self.stream = torch.cuda.Stream() if (pool is not None and torch.cuda.is_available()) else None
+        if self.stream is not None:
+            self.stream.wait_stream(torch.cuda.current_stream())
+
+    def stage(self, piece: torch.Tensor) -> StagedBytes:
+        if self.pool is None and piece.device.type == "cpu" and piece.is_contiguous():
+            return StagedBytes(byte_view(piece), None, None)  # zero-copy: the caller blocks anyway
+        return self._copy(piece)
+
+    def finish(self) -> None:
+        if self.pool is not None:
+            self.pool.seal()
+        if self.stream is not None:
+            torch.cuda.current_stream().wait_stream(self.stream)  # later updates wait for our copies
+
+    def _copy(self, piece: torch.Tensor) -> StagedBytes:
+        nbytes = piece.numel() * piece.element_size()
+        if self.pool is None:  # blocking save of a non-contiguous or device tensor
+            host = piece.detach().to("cpu", copy=True).contiguous()
+            return StagedBytes(byte_view(host), None, None)
+        slab, offset = self.pool.reserve(nbytes, self.timeout)
+        dst = slab.buffer[offset : offset + nbytes].view(piece.dtype).view(piece.shape)
+        pool = self.pool
+        if self.stream is not None and piece.device.type == "cuda":
+            with torch.cuda.stream(self.stream):
+                dst.copy_(piece.detach(), non_blocking=True)
+                piece.record_stream(self.stream)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            return StagedBytes(byte_view(dst), lambda: pool.release(slab), event.synchronize)
+        with torch.no_grad():
+            dst.copy_(piece.detach())
+        return StagedBytes(byte_view(dst), lambda: pool.release(slab), None)

@@ -1,0 +1,84 @@
+"""Consolidation: a (possibly sharded) checkpoint as one full state, or exported to one file."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Literal
+
+import numpy as np
+import torch
+
+from snapstate.engine.load import DEFAULT_READ_THREADS, read_tasks, records_for, run_reads
+from snapstate.engine.verify import read_manifest
+from snapstate.format.dtypes import dtype_from_name
+from snapstate.state.flatten import join_key
+from snapstate.state.restore import StoredTensor, plan_materialize
+from snapstate.storage.base import storage_for
+
+
+def materialize(path: str | os.PathLike[str], rank: int | None = None) -> Any:
+    """The checkpoint as plain nested containers of full tensors (Stateful objects as dicts).
+
+    Sharded tensors are assembled whole; rank-local state is included for ``rank`` if given.
+    """
+    storage = storage_for(path)
+    manifest = read_manifest(storage)
+    find = records_for(manifest, rank)
+
+    def lookup(key: str, rank_local: bool) -> StoredTensor | None:
+        rec = find(key, rank_local)
+        return StoredTensor(dtype_from_name(rec.dtype), tuple(rec.shape), rec.kind) if rec else None
+
+    trees = manifest.rank_local[rank].trees if rank is not None and rank in manifest.rank_local else None
+    value, plan = plan_materialize(manifest.tree, lookup, trees)
+    tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
+    run_reads(storage, tasks, DEFAULT_READ_THREADS)
+    return value
+
+
+def export_checkpoint(path: str | os.PathLike[str], to: Literal["torch", "safetensors"], out: str | os.PathLike[str]) -> int:
+    """Write the consolidated state to ``out``; returns the number of tensors written."""
+    state = materialize(path)
+    if to == "torch":
+        plain = _torch_friendly(state)
+        torch.save(plain, out)
+        return sum(1 for _ in _leaves(plain) if isinstance(_, torch.Tensor))
+    if to == "safetensors":
+        from safetensors.torch import save_file
+
+        tensors: dict[str, torch.Tensor] = {}
+        values: dict[str, Any] = {}
+        for key, leaf in _flat_items(_torch_friendly(state), ""):
+            if isinstance(leaf, torch.Tensor):
+                tensors[key] = leaf.contiguous()
+            else:
+                values[key] = leaf
+        save_file(tensors, os.fspath(out), metadata={"format": "snapstate-export", "values": json.dumps(values)})
+        return len(tensors)
+    raise ValueError(f"unknown export format {to!r}; use 'torch' or 'safetensors'")
+
+
+def _torch_friendly(value: Any) -> Any:
+    """numpy arrays become tensors, so ``torch.load(weights_only=True)`` accepts the file."""
+    if isinstance(value, np.ndarray):
+        return torch.from_numpy(np.ascontiguousarray(value))
+    if isinstance(value, np.generic):
+        return torch.from_numpy(np.asarray(value))
+    if isinstance(value, dict):
+        return {k: _torch_friendly(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_torch_friendly(v) for v in value)
+    return value
+
+
+def _flat_items(value: Any, prefix: str) -> list[tuple[str, Any]]:
+    if isinstance(value, dict):
+        return [item for k, v in value.items() for item in _flat_items(v, join_key(prefix, k))]
+    if isinstance(value, (list, tuple)):
+        return [item for i, v in enumerate(value) for item in _flat_items(v, join_key(prefix, i))]
+    return [(prefix, value)]
+
+
+def _leaves(value: Any) -> list[Any]:
+    return [leaf for _, leaf in _flat_items(value, "")]

@@ -1,0 +1,1 @@
+"""The on-disk format snapstate/1: manifest, safetensors-compatible shards, checksums."""

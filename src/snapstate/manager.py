@@ -1,0 +1,161 @@
+"""CheckpointManager: numbered steps under a root, auto-resume from the latest valid one,
+retention, and a lock so that two managers never write the same root.
+
+The manager stays thin: saving, loading and validation live in the engine; retention rules
+are a pure function (``retention.py``) and the lock has its own module (``lock.py``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from typing import Any
+
+from snapstate import api
+from snapstate.dist.coordinator import Coordinator, default_coordinator
+from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.save import SaveOptions
+from snapstate.engine.verify import read_manifest
+from snapstate.errors import CheckpointError
+from snapstate.lock import RootLock
+from snapstate.retention import steps_to_delete
+from snapstate.storage.base import Storage, storage_for
+
+log = logging.getLogger("snapstate")
+STEP_DIR = re.compile(r"^step-(\d{9,})$")
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:09d}"
+
+
+class CheckpointManager:
+    """Checkpoints of one training run under ``root/step-000000100/``.
+
+    ``keep_last`` newest and every ``keep_every``-th step are kept; others are deleted only
+    after a newer checkpoint has committed. ``async_save=True`` makes ``save`` return after
+    staging; at most one save is in flight and the next ``save`` waits for it.
+    """
+
+    def __init__(
+        self, root: str | os.PathLike[str], keep_last: int | None = None, keep_every: int | None = None,
+        async_save: bool = True, *, timeout: float | None = None, process_group: Any = None,
+        options: SaveOptions | None = None,
+    ) -> None:
+        if keep_last is not None and keep_last < 1:
+            raise ValueError("keep_last must be at least 1 (or None to keep everything)")
+        self.root = os.fspath(root)
+        self.keep_last, self.keep_every, self.async_save = keep_last, keep_every, async_save
+        self.timeout, self.process_group, self.options = timeout, process_group, options
+        self.storage: Storage = storage_for(self.root)
+        self.coord: Coordinator = default_coordinator(process_group)
+        self.corrupt_steps: dict[int, str] = {}  # steps skipped by restore(), with the reason
+        self._pending: SaveHandle | None = None
+        self._lock = RootLock(self.storage) if self.coord.rank == 0 else None
+        if self._lock is not None:
+            self.storage.makedirs()
+            self._lock.acquire()
+            self._remove_uncommitted()
+
+    # -- queries -----------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Committed steps, oldest first."""
+        return sorted(s for s, name in self._step_dirs() if self.storage.exists(f"{name}/manifest.json"))
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def path(self, step: int) -> str:
+        return os.path.join(self.root, step_dir(step)) if "://" not in self.root else f"{self.root.rstrip('/')}/{step_dir(step)}"
+
+    # -- save / restore ----------------------------------------------------------
+    def save(self, step: int, state: Any) -> SaveHandle | SaveResult:
+        """Checkpoint ``state`` as ``step``; async managers return a handle after staging."""
+        self.wait()
+        kwargs = {"step": step, "process_group": self.process_group, "timeout": self.timeout, "options": self.options}
+        if not self.async_save:
+            result = api.save(state, self.path(step), **kwargs)
+            self._apply_retention()
+            return result
+        self._pending = api.async_save(state, self.path(step), **kwargs)
+        return self._pending
+
+    def restore(self, state: Any, step: int | None = None, *, strict: bool = True) -> int | None:
+        """Load ``step`` (default: the latest valid one) into ``state``; None if there is none.
+
+        A latest checkpoint that fails validation is reported (logged, and kept in
+        ``corrupt_steps``) and the one before it is used; an explicit ``step`` must load.
+        """
+        self.wait()
+        if step is not None:
+            api.load(state, self.path(step), strict=strict, process_group=self.process_group)
+            return step
+        for candidate in reversed(self.steps()):
+            error = self._try_load(state, candidate, strict)
+            if error is None:
+                return candidate
+            self.corrupt_steps[candidate] = error
+            log.warning("snapstate: checkpoint step %d is not usable (%s); trying the previous one", candidate, error)
+        return None
+
+    def wait(self) -> SaveResult | None:
+        """Wait for the save in flight (raising its error), then apply retention."""
+        handle, self._pending = self._pending, None
+        if handle is None:
+            return None
+        result = handle.wait()
+        self._apply_retention()
+        return result
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._lock is not None:
+                self._lock.release()
+                self._lock = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ---------------------------------------------------------------
+    def _try_load(self, state: Any, step: int, strict: bool) -> str | None:
+        """Load on every rank; all ranks agree on success so they pick the same step."""
+        try:
+            api.load(state, self.path(step), strict=strict, process_group=self.process_group)
+            outcome = ""
+        except (CheckpointError, OSError) as exc:
+            outcome = f"{type(exc).__name__}: {exc}"
+        failures = [o for o in self.coord.all_gather(outcome) if o]
+        return failures[0] if failures else None
+
+    def _step_dirs(self) -> list[tuple[int, str]]:
+        return [(int(m.group(1)), name) for name in self.storage.listdir() if (m := STEP_DIR.match(name))]
+
+    def _remove_uncommitted(self) -> None:
+        for _, name in self._step_dirs():
+            if not self.storage.exists(f"{name}/manifest.json"):
+                log.info("snapstate: removing uncommitted leftover %s", name)
+                self.storage.remove_tree(name)
+
+    def _apply_retention(self) -> None:
+        if self.coord.rank != 0:
+            return
+        for step in steps_to_delete(self.steps(), self.keep_last, self.keep_every):
+            name = step_dir(step)
+            # Uncommit first (manifest gone = invisible), then delete the bytes.
+            self.storage.remove(f"{name}/manifest.json")
+            self.storage.remove_tree(name)
+
+
+def is_valid(path: str) -> bool:
+    try:
+        read_manifest(storage_for(path))
+        return True
+    except CheckpointError:
+        return False

@@ -1,0 +1,58 @@
+"""Where each chunk goes: shard files per rank, their headers and byte offsets (pure)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from snapstate.format.dtypes import safetensors_entry
+from snapstate.format.shard import ShardEntry, build_header
+from snapstate.planning.dedup import DEFAULT_CHUNK_BYTES, assign, candidates
+from snapstate.planning.items import (
+    FilePlan,
+    ItemMeta,
+    PlacedItem,
+    Placement,
+    RankPlan,
+    SavePlan,
+    WriteItem,
+)
+from snapstate.planning.validate import check_consistent
+
+DEFAULT_FILE_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class PlanOptions:
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # replicated tensors are split and spread in chunks of this size
+    max_file_bytes: int = DEFAULT_FILE_BYTES  # a rank starts a new shard file past this size
+
+
+def plan_save(all_metas: list[list[ItemMeta]], options: PlanOptions = PlanOptions()) -> SavePlan:
+    """Every rank calls this with the same gathered metadata and gets the same plan."""
+    check_consistent(all_metas)
+    world = len(all_metas)
+    per_rank = assign(candidates(all_metas, options.chunk_bytes), world)
+    ranks = tuple(RankPlan(r, tuple(plan_files(r, items, options.max_file_bytes))) for r, items in enumerate(per_rank))
+    metas = {m.key: m for metas in all_metas for m in metas if m.placement is not Placement.RANK_LOCAL}
+    return SavePlan(world, ranks, metas)
+
+
+def plan_files(rank: int, items: list[WriteItem], max_file_bytes: int) -> list[FilePlan]:
+    # Larger itemsizes first keeps every tensor aligned to its element size in the buffer.
+    ordered = sorted(items, key=lambda i: (-i.itemsize, i.placement.value, i.key, i.box.offsets))
+    groups: list[list[WriteItem]] = [[]]
+    size = 0
+    for item in ordered:
+        if groups[-1] and size + item.nbytes > max_file_bytes:
+            groups.append([])
+            size = 0
+        groups[-1].append(item)
+        size += item.nbytes
+    return [_file_plan(f"shards/r{rank:05d}-{i:03d}.safetensors", g) for i, g in enumerate(groups) if g or i == 0]
+
+
+def _file_plan(path: str, items: list[WriteItem]) -> FilePlan:
+    entries = [ShardEntry(i.name, *safetensors_entry(i.dtype, i.box.sizes, i.nbytes), i.nbytes) for i in items]
+    header, starts = build_header(entries, {"format": "snapstate/1"})
+    placed = tuple(PlacedItem(item, path, start) for item, start in zip(items, starts))
+    return FilePlan(path, header, placed)

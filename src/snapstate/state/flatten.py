@@ -1,0 +1,113 @@
+"""State trees <-> flat key paths: Stateful objects become state dicts, leaves become items.
+
+The structure of the tree is kept as a small JSON "node" (see ``format/SPEC.md``) so that a
+load can rebuild containers the target does not have yet (a fresh optimizer's ``state``),
+restore int keys and tuples, and replace plain values. Nothing is pickled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from snapstate.state.rng import RNGState
+from snapstate.state.stateful import RankLocal, is_stateful
+
+Node = dict[str, Any]
+
+_JSON_SCALARS = (bool, int, str, type(None))
+
+
+def escape_component(key: str | int) -> str:
+    """One path component: '/' and '%' are escaped so paths split unambiguously."""
+    return str(key).replace("%", "%25").replace("/", "%2F")
+
+
+def join_key(prefix: str, key: str | int) -> str:
+    component = escape_component(key)
+    return f"{prefix}/{component}" if prefix else component
+
+
+def type_path(obj: Any) -> str:
+    cls = type(obj)
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def is_rank_local(obj: Any) -> bool:
+    return isinstance(obj, (RankLocal, RNGState))
+
+
+@dataclass
+class FlatState:
+    """A state tree taken apart: structure nodes plus the tensors at each key path."""
+
+    tree: Node
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)  # key -> "tensor" | "ndarray" | "npscalar"
+    rank_local_trees: dict[str, Node] = field(default_factory=dict)
+    rank_local_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+def flatten_state(state: Any) -> FlatState:
+    """Walk ``state`` once; raise TypeError naming the key path of anything unsaveable."""
+    flat = FlatState(tree={})
+    flat.tree = _visit(state, "", flat, rank_local=False)
+    return flat
+
+
+def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
+    if isinstance(obj, torch.Tensor):
+        return _tensor_leaf(obj, path, flat, rank_local, "tensor")
+    if isinstance(obj, np.ndarray):
+        return _tensor_leaf(_numpy_to_torch(obj, path), path, flat, rank_local, "ndarray")
+    if isinstance(obj, np.generic):
+        return _tensor_leaf(_numpy_to_torch(np.asarray(obj), path), path, flat, rank_local, "npscalar")
+    if is_rank_local(obj) and not rank_local:
+        flat.rank_local_trees[path] = {"s": _visit(obj.state_dict(), path, flat, rank_local=True)}
+        return {"rl": path}
+    if is_stateful(obj):
+        return {"s": _visit(obj.state_dict(), path, flat, rank_local)}
+    if isinstance(obj, dict):
+        return {"d": [[_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local)] for k, v in obj.items()]}
+    if isinstance(obj, (list, tuple)):
+        children = [_visit(v, join_key(path, i), flat, rank_local) for i, v in enumerate(obj)]
+        return {"tu" if isinstance(obj, tuple) else "l": children}
+    if isinstance(obj, float):
+        return {"v": obj} if math.isfinite(obj) else {"f": repr(obj)}
+    if isinstance(obj, _JSON_SCALARS):
+        return {"v": obj}
+    raise TypeError(
+        f"cannot checkpoint the value at key {path or '<root>'!r}: {type_path(obj)} is not a tensor, "
+        "numpy array, JSON value, container or Stateful object (snapstate never pickles)"
+    )
+
+
+def _tensor_leaf(t: torch.Tensor, path: str, flat: FlatState, rank_local: bool, kind: str) -> Node:
+    if t.is_quantized or t.layout != torch.strided:
+        raise TypeError(f"cannot checkpoint the tensor at key {path!r}: {t.layout} / {t.dtype} is not supported")
+    target = flat.rank_local_tensors if rank_local else flat.tensors
+    if path in target:
+        raise TypeError(f"two values map to the same key path {path!r} (a str key and an int key?)")
+    target[path] = t
+    flat.kinds[path] = kind
+    return {"t": path} if kind == "tensor" else {"n": path, "k": kind}
+
+
+def _check_key(key: Any, path: str) -> str | int:
+    if isinstance(key, bool) or not isinstance(key, (str, int)):
+        raise TypeError(f"dict key {key!r} under {path or '<root>'!r} is a {type(key).__name__}; only str and int keys are saved")
+    return key
+
+
+def _numpy_to_torch(arr: np.ndarray, path: str) -> torch.Tensor:
+    if arr.dtype.hasobject or arr.dtype.kind not in "biufc":
+        raise TypeError(f"cannot checkpoint the numpy array at key {path!r}: dtype {arr.dtype} is not numeric")
+    if not arr.dtype.isnative:
+        arr = arr.astype(arr.dtype.newbyteorder("="))
+    if any(s < 0 for s in arr.strides):
+        arr = np.ascontiguousarray(arr)
+    return torch.from_numpy(arr)

@@ -1,0 +1,217 @@
+"""Match a target state against a checkpoint's structure and plan in-place restoration.
+
+The walk is pure bookkeeping: it lists which target tensors to fill from which stored key,
+which Stateful objects get ``load_state_dict`` afterwards, and every difference found.
+Reading the bytes is the engine's job.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from snapstate.errors import StateMismatch
+from snapstate.state.flatten import Node, is_rank_local, join_key
+from snapstate.state.stateful import is_stateful
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """What the manifest says of one stored tensor."""
+
+    dtype: torch.dtype
+    shape: tuple[int, ...]
+    kind: str  # "tensor" | "ndarray" | "npscalar"
+
+
+@dataclass
+class ReadRequest:
+    key: str
+    target: torch.Tensor
+    rank_local: bool
+
+
+@dataclass
+class RestorePlan:
+    reads: list[ReadRequest] = field(default_factory=list)
+    finalizers: list[Callable[[], None]] = field(default_factory=list)
+    mismatches: list[StateMismatch] = field(default_factory=list)
+    # numpy results that must replace their container slot after reads (allocated arrays)
+    skipped: list[str] = field(default_factory=list)
+
+
+Lookup = Callable[[str, bool], "StoredTensor | None"]
+_MISSING = object()
+
+
+@dataclass
+class _Walk:
+    lookup: Lookup
+    rank_local_trees: dict[str, Node] | None  # None: rank-local state is skipped
+    plan: RestorePlan
+
+
+def plan_restore(target: Any, tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None) -> RestorePlan:
+    """Plan filling ``target`` (a dict or Stateful, changed in place) from a checkpoint tree."""
+    walk = _Walk(lookup, rank_local_trees, RestorePlan())
+    if not isinstance(target, dict) and not is_stateful(target):
+        raise TypeError(f"the state to load into must be a dict or a Stateful object, not {type(target).__name__}")
+    _restore(target, tree, "", walk, rebuild=False, rank_local=False)
+    return walk.plan
+
+
+def plan_materialize(tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None) -> tuple[Any, RestorePlan]:
+    """Build the checkpoint's whole structure as plain containers with newly allocated tensors."""
+    walk = _Walk(lookup, rank_local_trees, RestorePlan())
+    return _restore(_MISSING, tree, "", walk, rebuild=True, rank_local=False), walk.plan
+
+
+def _restore(target: Any, node: Node, path: str, walk: _Walk, rebuild: bool, rank_local: bool) -> Any:
+    """Return the value that should stand at ``path`` after loading (often ``target`` itself).
+
+    ``rebuild`` is true inside Stateful objects: there the checkpoint's structure wins, so
+    containers the target lacks (lazily created optimizer state) are built from the manifest.
+    """
+    if "t" in node or "n" in node:
+        return _restore_tensor(target, node, path, walk, rank_local)
+    if "v" in node:
+        return node["v"]
+    if "f" in node:
+        return float(node["f"])
+    if "rl" in node:
+        return _restore_rank_local(target, node, path, walk)
+    if "s" in node:
+        return _restore_stateful(target, node["s"], path, walk, rank_local)
+    if target is None:  # a plain value slot: take the checkpoint's structure whole
+        target, rebuild = _MISSING, True
+    if "d" in node:
+        return _restore_dict(target, node["d"], path, walk, rebuild, rank_local)
+    children = node.get("l", node.get("tu"))
+    if children is None:
+        walk.plan.mismatches.append(StateMismatch(path, f"unknown structure node {sorted(node)}"))
+        return target
+    return _restore_sequence(target, children, "tu" in node, path, walk, rebuild, rank_local)
+
+
+def _restore_dict(target: Any, items: list, path: str, walk: _Walk, rebuild: bool, rank_local: bool) -> Any:
+    stored = {k: child for k, child in items}
+    if not isinstance(target, dict):
+        if not rebuild and target is not _MISSING:
+            walk.plan.mismatches.append(StateMismatch(path, f"target is a {type(target).__name__}, checkpoint holds a dict"))
+            return target
+        target = {}
+    for key in list(target):
+        if key not in stored:
+            walk.plan.mismatches.append(StateMismatch(join_key(path, key), "missing in checkpoint"))
+    for key, child in stored.items():
+        sub = join_key(path, key)
+        if key in target:
+            target[key] = _restore(target[key], child, sub, walk, rebuild, rank_local)
+        elif rebuild:
+            target[key] = _restore(_MISSING, child, sub, walk, rebuild, rank_local)
+    return target
+
+
+def _restore_sequence(target: Any, children: list, as_tuple: bool, path: str, walk: _Walk, rebuild: bool, rank_local: bool) -> Any:
+    same_shape = isinstance(target, (list, tuple)) and len(target) == len(children)
+    if not same_shape and not rebuild:
+        walk.plan.mismatches.append(StateMismatch(path, f"target is {_describe(target)}, checkpoint holds a sequence of {len(children)}"))
+        return target
+    olds = list(target) if same_shape else [_MISSING] * len(children)
+    values = [_restore(old, c, join_key(path, i), walk, rebuild, rank_local) for i, (old, c) in enumerate(zip(olds, children))]
+    if isinstance(target, list) and same_shape:
+        target[:] = values
+        return target
+    return tuple(values) if as_tuple else values
+
+
+def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_local: bool) -> Any:
+    if target is _MISSING:  # materializing: a Stateful object becomes its plain state dict
+        return _restore(_MISSING, node, path, walk, rebuild=True, rank_local=rank_local)
+    if not is_stateful(target):
+        walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds a Stateful object, target is {_describe(target)}"))
+        return target
+    new_sd = _restore(target.state_dict(), node, path, walk, rebuild=True, rank_local=rank_local)
+    walk.plan.finalizers.append(lambda: target.load_state_dict(new_sd))
+    return target
+
+
+def _restore_rank_local(target: Any, node: Node, path: str, walk: _Walk) -> Any:
+    if walk.rank_local_trees is None:
+        walk.plan.skipped.append(path)
+        return target
+    sub = walk.rank_local_trees.get(node["rl"])
+    if sub is None:
+        walk.plan.mismatches.append(StateMismatch(path, "rank-local state of this rank missing in checkpoint"))
+        return target
+    if target is _MISSING:
+        return _restore(_MISSING, sub, path, walk, rebuild=True, rank_local=True)
+    if not is_rank_local(target):
+        walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds rank-local state, target is {_describe(target)}"))
+        return target
+    return _restore(target, sub, path, walk, rebuild=True, rank_local=True)
+
+
+def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local: bool) -> Any:
+    key = node.get("t", node.get("n"))
+    stored = walk.lookup(key, rank_local)
+    if stored is None:
+        walk.plan.mismatches.append(StateMismatch(path, "tensor entry missing from manifest"))
+        return target
+    if target is _MISSING or target is None:
+        return _allocate(key, stored, walk, rank_local)
+    as_torch = _as_torch_view(target)
+    if as_torch is None:
+        walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds a {stored.kind}, target is {_describe(target)}"))
+        return target
+    problem = _compare(as_torch, stored)
+    if problem:
+        walk.plan.mismatches.append(StateMismatch(path, problem))
+        return target
+    walk.plan.reads.append(ReadRequest(key, as_torch, rank_local))
+    return target
+
+
+def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> Any:
+    tensor = torch.empty(stored.shape, dtype=stored.dtype)
+    walk.plan.reads.append(ReadRequest(key, tensor, rank_local))
+    if stored.kind == "tensor":
+        return tensor
+    array = tensor.numpy()
+    return array[()] if stored.kind == "npscalar" else array
+
+
+def _as_torch_view(target: Any) -> torch.Tensor | None:
+    """A torch view sharing memory with the target, so the read fills it in place."""
+    if isinstance(target, torch.Tensor):
+        return target
+    if isinstance(target, np.ndarray) and target.flags.writeable and target.dtype.isnative:
+        try:
+            return torch.from_numpy(target)
+        except (TypeError, ValueError):
+            return None
+    return None
+
+
+def _compare(target: torch.Tensor, stored: StoredTensor) -> str | None:
+    shape = tuple(target.shape)
+    if shape != stored.shape:
+        return f"shape {list(shape)} in target, {list(stored.shape)} in checkpoint"
+    if target.dtype != stored.dtype:
+        return f"dtype {target.dtype} in target, {stored.dtype} in checkpoint"
+    return None
+
+
+def _describe(value: Any) -> str:
+    if value is _MISSING:
+        return "absent"
+    return f"a {type(value).__name__}"
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)

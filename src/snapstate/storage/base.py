@@ -1,0 +1,66 @@
+"""The storage Protocol every backend implements, and the choice of backend for a path."""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol, runtime_checkable
+
+
+@runtime_checkable
+class FileWriter(Protocol):
+    """A file being written; ``write_at`` may need increasing offsets on sequential stores."""
+
+    sequential: bool
+
+    def write_at(self, data: memoryview, offset: int) -> None: ...
+
+    def close(self, sync: bool = True) -> None: ...
+
+    def abort(self) -> None: ...
+
+
+@runtime_checkable
+class Storage(Protocol):
+    """A checkpoint directory; every path is relative to it and uses '/'."""
+
+    root: str
+
+    def open_writer(self, path: str, size: int) -> FileWriter: ...
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> None: ...
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes: ...
+
+    def size(self, path: str) -> int: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def listdir(self, path: str = "") -> list[str]: ...
+
+    def write_atomic(self, path: str, data: bytes) -> None: ...
+
+    def remove(self, path: str) -> None: ...
+
+    def remove_tree(self, path: str = "") -> None: ...
+
+    def makedirs(self, path: str = "") -> None: ...
+
+    def sync_dir(self, path: str = "") -> None: ...
+
+    def child(self, path: str) -> Storage: ...
+
+
+def is_url(path: str) -> bool:
+    return "://" in path and not path.startswith("file://")
+
+
+def storage_for(path: str | os.PathLike[str], **options: object) -> Storage:
+    """LocalStorage for plain paths, FsspecStorage for URLs such as ``s3://bucket/run``."""
+    text = os.fspath(path)
+    if is_url(text):
+        from snapstate.storage.fsspec import FsspecStorage
+
+        return FsspecStorage(text, **options)
+    from snapstate.storage.local import LocalStorage
+
+    return LocalStorage(text.removeprefix("file://"))
