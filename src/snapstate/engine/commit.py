@@ -113,9 +113,9 @@ def finish_rank(
         if coord.world_size > 1:
             coord.publish(commit_key, "ok")
     else:
-        (outcome,) = coord.await_keys([commit_key], timeout)
-        if outcome != "ok":
-            raise CheckpointError(f"checkpoint {storage.root} was not committed: {outcome}")
+        (verdict,) = coord.await_keys([commit_key], timeout)
+        if verdict != "ok":
+            raise CheckpointError(f"checkpoint {storage.root} was not committed: {verdict}")
     return time.perf_counter() - started
 
 

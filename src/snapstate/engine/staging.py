@@ -122,12 +122,22 @@ class HostBufferPool:
         return Slab(nbytes, self.pin)
 
 
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def bits_view(t: torch.Tensor) -> torch.Tensor:
+    """The same memory as an integer dtype of the same itemsize: copies stay bitwise and work
+    for dtypes without copy kernels (int1..uint7 cannot be copied when non-contiguous)."""
+    int_dtype = _SAME_SIZE_INTS.get(t.element_size())
+    return t.view(int_dtype) if int_dtype is not None and t.dtype != int_dtype else t
+
+
 def byte_view(t: torch.Tensor) -> memoryview:
     """The bytes of a contiguous CPU tensor, without copying."""
     flat = t.detach().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
 
 
 def row_pieces(view: torch.Tensor, max_bytes: int) -> Iterator[tuple[int, torch.Tensor]]:
@@ -172,18 +182,18 @@ class Stager:
     def _copy(self, piece: torch.Tensor) -> StagedBytes:
         nbytes = piece.numel() * piece.element_size()
         if self.pool is None:  # blocking save of a non-contiguous or device tensor
-            host = piece.detach().to("cpu", copy=True).contiguous()
+            host = bits_view(piece.detach()).to("cpu").contiguous()
             return StagedBytes(byte_view(host), None, None)
         slab, offset = self.pool.reserve(nbytes, self.timeout)
         dst = slab.buffer[offset : offset + nbytes].view(piece.dtype).view(piece.shape)
         pool = self.pool
         if self.stream is not None and piece.device.type == "cuda":
             with torch.cuda.stream(self.stream):
-                dst.copy_(piece.detach(), non_blocking=True)
+                bits_view(dst).copy_(bits_view(piece.detach()), non_blocking=True)
                 piece.record_stream(self.stream)
                 event = torch.cuda.Event()
                 event.record(self.stream)
             return StagedBytes(byte_view(dst), lambda: pool.release(slab), event.synchronize)
         with torch.no_grad():
-            dst.copy_(piece.detach())
+            bits_view(dst).copy_(bits_view(piece.detach()))
         return StagedBytes(byte_view(dst), lambda: pool.release(slab), None)

@@ -98,7 +98,7 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     if doc.get("version") != FORMAT_VERSION:
         raise UnsupportedFormatError(f"format version {doc.get('version')!r} is not supported (this library reads {FORMAT_VERSION})", file=file)
     files = {v.path(p, "files"): v.file_record(p, r) for p, r in v.mapping(doc.get("files"), "files").items()}
-    world = v.int(doc.get("world_size", 1), "world_size", minimum=1)
+    world = v.integer(doc.get("world_size", 1), "world_size", minimum=1)
     tensors = {k: v.tensor(k, t, files) for k, t in v.mapping(doc.get("tensors"), "tensors").items()}
     rank_local = {v.rank(r, world): v.rank_local(r, rec, files) for r, rec in v.mapping(doc.get("rank_local", {}), "rank_local").items()}
     tree = doc.get("tree")
@@ -129,13 +129,13 @@ class _Validator:
         self.require(isinstance(value, dict), f"{key} is not an object", key)
         return value
 
-    def int(self, value: Any, key: str, minimum: int = 0) -> int:
+    def integer(self, value: Any, key: str, minimum: int = 0) -> int:
         self.require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, f"{value!r} is not an integer >= {minimum}", key)
         return value
 
     def ints(self, value: Any, key: str, length: int | None = None) -> list[int]:
         self.require(isinstance(value, list) and (length is None or len(value) == length), f"expected a list of {length} integers, got {value!r}"[:200], key)
-        return [self.int(x, key) for x in value]
+        return [self.integer(x, key) for x in value]
 
     def path(self, value: Any, key: str) -> str:
         ok = isinstance(value, str) and value and not value.startswith("/") and "\\" not in value and "\x00" not in value
@@ -149,7 +149,7 @@ class _Validator:
 
     def file_record(self, path: str, rec: Any) -> FileRecord:
         rec = self.mapping(rec, f"files/{path}")
-        return FileRecord(self.int(rec.get("bytes"), f"files/{path}"), self.int(rec.get("rank", 0), f"files/{path}"))
+        return FileRecord(self.integer(rec.get("bytes"), f"files/{path}"), self.integer(rec.get("rank", 0), f"files/{path}"))
 
     def rank_local(self, rank: str, rec: Any, files: dict[str, FileRecord]) -> RankLocalRecord:
         rec = self.mapping(rec, f"rank_local/{rank}")
@@ -179,10 +179,10 @@ class _Validator:
             self.require(o + s <= dim, f"chunk at {offsets} size {sizes} exceeds shape {shape}", key)
         file = self.path(rec.get("file"), key)
         self.require(file in files, f"chunk file {file!r} is not listed in files", key)
-        start, end = self.int(rec.get("start"), key), self.int(rec.get("end"), key)
+        start, end = self.integer(rec.get("start"), key), self.integer(rec.get("end"), key)
         self.require(end - start == math.prod(sizes) * size, f"chunk byte range {start}..{end} does not match its {math.prod(sizes)} elements", key)
         self.require(end <= files[file].bytes, f"chunk byte range ends at {end}, beyond {file} ({files[file].bytes} bytes)", key)
-        block = self.int(rec.get("block_bytes"), key, minimum=1)
+        block = self.integer(rec.get("block_bytes"), key, minimum=1)
         digests = rec.get("xxh3")
         self.require(isinstance(digests, list) and all(isinstance(d, str) for d in digests), "xxh3 is not a list of strings", key)
         self.require(len(digests) == block_count(end - start, block), f"{len(digests)} checksums for {end - start} bytes in blocks of {block}", key)

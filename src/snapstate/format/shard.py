@@ -23,7 +23,7 @@ class ShardEntry:
 
     name: str
     st_dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...] | list[int]
     nbytes: int
 
 

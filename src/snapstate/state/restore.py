@@ -158,7 +158,7 @@ def _restore_rank_local(target: Any, node: Node, path: str, walk: _Walk) -> Any:
 
 
 def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local: bool) -> Any:
-    key = node.get("t", node.get("n"))
+    key = str(node.get("t", node.get("n")))
     stored = walk.lookup(key, rank_local)
     if stored is None:
         walk.plan.mismatches.append(StateMismatch(path, "tensor entry missing from manifest"))
