@@ -1,0 +1,1 @@
+"""The study harness: reruns the checkpointing study for every method side by side."""

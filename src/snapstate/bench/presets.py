@@ -1,0 +1,93 @@
+"""Sweep configurations: smoke (tests, under a minute), demo (minutes on 2 cores), study (a real machine)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+ALL_METHODS = ("torch-rank0", "torch-allranks", "dcp", "dcp-async", "snapstate", "snapstate-async")
+
+
+@dataclass(frozen=True)
+class DeterminismPlan:
+    """Which kill-and-resume checks to run: uninterrupted vs killed after ``every`` steps."""
+
+    methods: tuple[str, ...]
+    model: str
+    ranks: int = 2
+    steps: int = 12
+    every: int = 4
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One sweep: every method x model x ranks x repeat, plus the determinism checks."""
+
+    preset: str
+    models: tuple[str, ...]
+    ranks: tuple[int, ...]
+    methods: tuple[str, ...] = ALL_METHODS
+    steps: int = 12
+    every: int = 4
+    repeats: int = 3
+    warmup: int = 2
+    batch: int = 16
+    samples: int = 2048
+    seed: int = 0
+    data_dir: str | None = None
+    ckpt_dir: str | None = None
+    determinism: DeterminismPlan | None = None
+    timeout_s: float = 1800.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, **changes: Any) -> BenchConfig:
+        """Apply command-line options; None means keep the preset's value."""
+        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+PRESETS: dict[str, BenchConfig] = {
+    "smoke": BenchConfig(
+        preset="smoke",
+        models=("resnet18:w=0.125",),
+        ranks=(1, 2),
+        steps=5,
+        every=2,
+        repeats=1,
+        warmup=1,
+        batch=8,
+        samples=256,
+        determinism=DeterminismPlan(("snapstate",), "resnet18:w=0.125", ranks=1, steps=6, every=3),
+        timeout_s=300.0,
+    ),
+    "demo": BenchConfig(
+        preset="demo",
+        models=("resnet18:w=0.5", "gpt:p=3M"),
+        ranks=(1, 2),
+        steps=12,
+        every=4,
+        repeats=3,
+        batch=16,
+        determinism=DeterminismPlan(ALL_METHODS, "resnet18:w=0.25", ranks=2, steps=12, every=4),
+        timeout_s=900.0,
+    ),
+    "study": BenchConfig(
+        preset="study",
+        models=("vgg16", "resnet18", "resnet50", "gpt:p=10M", "gpt:p=100M", "gpt:p=1B"),
+        ranks=(1, 2, 4, 8),
+        steps=40,
+        every=10,
+        repeats=5,
+        batch=32,
+        samples=8192,
+        determinism=DeterminismPlan(ALL_METHODS, "resnet18", ranks=2, steps=40, every=10),
+        timeout_s=7200.0,
+    ),
+}
+
+
+def get_preset(name: str) -> BenchConfig:
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,250 @@
+"""Run a sweep: launch each measurement run's ranks, collect records, check determinism, report."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import shutil
+import socket
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, Protocol
+
+import psutil
+import torch
+
+from snapstate.bench import launch
+from snapstate.bench.methods import get_method
+from snapstate.bench.presets import BenchConfig
+from snapstate.bench.results import SCHEMA, apply_determinism, records_from_run, write_results
+from snapstate.bench.train import TrainConfig
+from snapstate.bench.worker import MeasureJob
+
+
+class Progress(Protocol):
+    """Where the runner reports progress (a rich bar on a terminal, lines otherwise)."""
+
+    def begin(self, total: int) -> None: ...
+
+    def advance(self, label: str) -> None: ...
+
+    def note(self, text: str) -> None: ...
+
+
+class QuietProgress:
+    def begin(self, total: int) -> None:
+        pass
+
+    def advance(self, label: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        pass
+
+
+def host_info() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "hostname": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "memory_bytes": psutil.virtual_memory().total,
+        "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+    }
+    try:
+        import snapstate
+
+        info["snapstate"] = getattr(snapstate, "__version__", "unknown")
+    except ImportError:
+        info["snapstate"] = None
+    return info
+
+
+Blocked = dict[tuple[str, int], str]
+
+
+def find_blocked(names: tuple[str, ...], worlds: set[int]) -> Blocked:
+    """(method, world size) pairs that cannot run here, with the reason."""
+    out: Blocked = {}
+    for name in names:
+        for world in sorted(worlds):
+            reason = get_method(name).unavailable(world)
+            if reason:
+                out[(name, world)] = reason
+    return out
+
+
+def runnable(cfg: BenchConfig, world: int, blocked: Blocked) -> list[str]:
+    return [m for m in cfg.methods if (m, world) not in blocked]
+
+
+def train_config(cfg: BenchConfig, model: str) -> TrainConfig:
+    return TrainConfig(
+        model=model, batch=cfg.batch, seed=cfg.seed, samples=cfg.samples, data_dir=cfg.data_dir
+    )
+
+
+def plan_runs(cfg: BenchConfig) -> list[tuple[str, int, int]]:
+    """(model, ranks, repeat) for every measurement run, repeats outermost so drift spreads evenly."""
+    return [(m, n, r) for r in range(cfg.repeats) for m in cfg.models for n in cfg.ranks]
+
+
+def measure_job(
+    cfg: BenchConfig, methods: list[str], model: str, repeat: int, work: Path, tag: str
+) -> MeasureJob:
+    ckpt_root = Path(cfg.ckpt_dir) if cfg.ckpt_dir else work
+    return MeasureJob(
+        train=train_config(cfg, model),
+        methods=methods,
+        steps=cfg.steps,
+        every=cfg.every,
+        warmup=cfg.warmup,
+        repeat=repeat,
+        ckpt_dir=str(ckpt_root / f"ckpt-{tag}"),
+        result_file=str(work / f"{tag}.json"),
+    )
+
+
+def run_measurement(
+    job: MeasureJob, world: int, work: Path, tag: str, timeout_s: float
+) -> dict[str, Any]:
+    job_file = work / f"{tag}.job.json"
+    job_file.write_text(json.dumps(job.to_dict()))
+    launch.run(job_file, world, work / f"logs-{tag}", timeout_s)
+    return json.loads(Path(job.result_file).read_text())
+
+
+def new_document(cfg: BenchConfig, blocked: Blocked) -> dict[str, Any]:
+    return {
+        "schema": SCHEMA,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": host_info(),
+        "config": cfg.to_dict(),
+        "methods": {n: get_method(n).info.to_dict() for n in cfg.methods},
+        "skipped": [{"method": n, "ranks": w, "reason": r} for (n, w), r in blocked.items()],
+        "records": [],
+        "determinism": [],
+        "errors": [],
+    }
+
+
+def run_bench(
+    cfg: BenchConfig, out: Path, progress: Progress | None = None, keep_work: bool = False
+) -> dict[str, Any]:
+    """Run the whole sweep in fresh processes; write results.json, report.md and the plots."""
+    progress = progress or QuietProgress()
+    plan = cfg.determinism
+    blocked = find_blocked(cfg.methods, set(cfg.ranks) | ({plan.ranks, 1} if plan else set()))
+    doc = new_document(cfg, blocked)
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    runs = [r for r in plan_runs(cfg) if runnable(cfg, r[1], blocked)]
+    det = determinism_worlds(cfg, blocked)
+    progress.begin(len(runs) + (len(det) + len(set(det.values())) if det else 0))
+    for (name, world), reason in blocked.items():
+        progress.note(f"{name} on {world} rank(s): skipped, {reason}")
+    for model, world, repeat in runs:
+        tag = f"{_safe(model)}-n{world}-r{repeat}"
+        _measure_into(doc, cfg, runnable(cfg, world, blocked), (model, world, repeat), work, tag)
+        progress.advance(f"{model} on {world} rank(s), repeat {repeat + 1}/{cfg.repeats}")
+        write_results(doc, out / "results.json")  # partial results survive an interrupted sweep
+    if det:
+        _determinism_into(doc, cfg, det, work / "determinism", progress)
+    finish(doc, out)
+    if not keep_work and not doc["errors"]:
+        shutil.rmtree(work, ignore_errors=True)
+    return doc
+
+
+def _measure_into(
+    doc: dict[str, Any],
+    cfg: BenchConfig,
+    methods: list[str],
+    run: tuple[str, int, int],
+    work: Path,
+    tag: str,
+) -> None:
+    model, world, repeat = run
+    try:
+        job = measure_job(cfg, methods, model, repeat, work, tag)
+        raw = run_measurement(job, world, work, tag, cfg.timeout_s)
+        doc["records"] += [asdict(r) for r in records_from_run(raw, model, repeat, doc["methods"])]
+    except (launch.WorkerError, OSError, KeyError, ValueError) as e:
+        doc["errors"].append({"run": tag, "error": str(e)[-4000:]})
+
+
+def determinism_worlds(cfg: BenchConfig, blocked: Blocked) -> dict[str, int]:
+    """World size of each method's kill-and-resume check: the plan's, else 1 rank if only that runs."""
+    plan = cfg.determinism
+    out: dict[str, int] = {}
+    if plan is None:
+        return out
+    for m in plan.methods:
+        if m not in cfg.methods:
+            continue
+        for world in (plan.ranks, 1):
+            if (m, world) not in blocked:
+                out[m] = world
+                break
+    return out
+
+
+def _determinism_into(
+    doc: dict[str, Any], cfg: BenchConfig, methods: dict[str, int], work: Path, progress: Progress
+) -> None:
+    from snapstate.bench.determinism import run_checks
+
+    assert cfg.determinism is not None
+    try:
+        checks = run_checks(cfg, methods, work, progress)
+        doc["determinism"] = [c.to_dict() for c in checks]
+    except (launch.WorkerError, OSError, ValueError) as e:
+        doc["errors"].append({"run": "determinism", "error": str(e)[-4000:]})
+
+
+def finish(doc: dict[str, Any], out: Path) -> None:
+    """Fold determinism into the records, then write results.json, report.md and the plots."""
+    from snapstate.bench.report import render_report
+
+    apply_determinism(doc["records"], doc["determinism"])
+    write_results(doc, out / "results.json")
+    render_report(doc, out)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def run_inplace(cfg: BenchConfig, out: Path, rank: int, world: int) -> dict[str, Any] | None:
+    """Under torchrun or srun: this process is one rank; run every model here, rank 0 reports."""
+    from snapstate.bench.train import init_distributed, set_threads
+    from snapstate.bench.worker import measure_on_rank
+
+    set_threads(world)
+    init_distributed(rank, world, cfg.timeout_s)
+    blocked = find_blocked(cfg.methods, {world})
+    methods = runnable(cfg, world, blocked)
+    doc = new_document(cfg, blocked)
+    doc["config"]["ranks"] = [world]
+    work = out / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    for repeat in range(cfg.repeats):
+        for model in cfg.models:
+            job = measure_job(
+                cfg, methods, model, repeat, work, f"{_safe(model)}-n{world}-r{repeat}"
+            )
+            raw = measure_on_rank(job, rank, world)
+            if raw is not None:
+                doc["records"] += [
+                    asdict(r) for r in records_from_run(raw, model, repeat, doc["methods"])
+                ]
+    if rank != 0:
+        return None
+    doc["notes"] = [
+        "determinism was not checked: under torchrun/srun the harness cannot kill and relaunch its ranks"
+    ]
+    finish(doc, out)
+    return doc

@@ -1,0 +1,236 @@
+"""One rank of a measurement run: baseline training, then each method's checkpoints, timed alike."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from snapstate.bench.measure import PeakRSS, now, walk_files, write_fsync_seconds
+from snapstate.bench.methods import Method, Pending, get_method
+from snapstate.bench.train import TrainConfig, Trainer, init_distributed, set_threads
+
+
+@dataclass
+class MeasureJob:
+    """A measurement run: one model on one world size, every method in turn."""
+
+    train: TrainConfig
+    methods: list[str]
+    steps: int
+    every: int
+    warmup: int
+    repeat: int
+    ckpt_dir: str
+    result_file: str
+    kind: str = "measure"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Segment:
+    """What one rank saw while training ``steps`` steps (with a method's checkpoints, or none)."""
+
+    train_s: float
+    step_s: list[float]
+    blocking_s: list[float] = field(default_factory=list)
+    save_s: list[float] = field(default_factory=list)
+    extra: list[dict[str, Any]] = field(default_factory=list)
+    peak_rss: int = 0
+    start_rss: int = 0
+    paths: list[str] = field(default_factory=list)
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def rotate(items: list[str], by: int) -> list[str]:
+    """Vary the order of methods between repeats so no method always runs on a warm machine."""
+    if not items:
+        return items
+    k = by % len(items)
+    return items[k:] + items[:k]
+
+
+def run_segment(trainer: Trainer, job: MeasureJob, method: Method | None, root: Path) -> Segment:
+    """Train ``job.steps`` steps; checkpoint every ``job.every`` steps strictly before the last."""
+    barrier()
+    pendings: list[tuple[Pending, float]] = []
+    steps, paths = [], []
+    with PeakRSS() as rss:
+        start = now()
+        for i in range(1, job.steps + 1):
+            t = now()
+            trainer.train_step()
+            steps.append(now() - t)
+            if method is not None and i % job.every == 0 and i < job.steps:
+                path = root / f"step-{trainer.step:09d}"
+                t = now()
+                pending = method.save(trainer, path)
+                pendings.append((pending, now() - t))
+                paths.append(str(path))
+        train_s = now() - start
+        # The last persist finishes off the clock: the segment ends with the last step.
+        if method is not None:
+            method.wait()
+    barrier()
+    seg = Segment(train_s, steps, peak_rss=rss.peak, start_rss=rss.start_rss, paths=paths)
+    for p, blocking in pendings:
+        seg.blocking_s.append(blocking)
+        seg.save_s.append(max(p.save_s, blocking))
+        seg.extra.append(p.extra)
+    return seg
+
+
+def evict_from_cache(path: Path) -> None:
+    """Drop a checkpoint's pages from the page cache so the load reads the storage."""
+    for rel, _size in walk_files(path):
+        fd = os.open(path / rel, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
+def time_load(trainer: Trainer, method: Method, path: Path) -> float:
+    barrier()
+    if hasattr(os, "posix_fadvise"):
+        evict_from_cache(path)
+    barrier()
+    start = now()
+    method.load(trainer, path)
+    elapsed = now() - start
+    barrier()
+    return elapsed
+
+
+def files_by_rank(method: Method, path: Path) -> list[dict[str, Any]]:
+    """Every file of the checkpoint with its size and the rank that wrote it."""
+    return [
+        {"path": rel, "bytes": size, "rank": method.owner(rel)} for rel, size in walk_files(path)
+    ]
+
+
+def measure_method(trainer: Trainer, job: MeasureJob, name: str, root: Path) -> dict[str, Any]:
+    method = get_method(name)(trainer.rank, trainer.world)
+    try:
+        seg = run_segment(trainer, job, method, root)
+        last = Path(seg.paths[-1])
+        out: dict[str, Any] = {"segment": asdict(seg), "load_s": time_load(trainer, method, last)}
+        out["files"] = files_by_rank(method, last) if trainer.rank == 0 else []
+        out["manifest"] = (
+            manifest_totals(last) if trainer.rank == 0 and name.startswith("snapstate") else None
+        )
+    finally:
+        method.close()
+    barrier()
+    if trainer.rank == 0:
+        shutil.rmtree(root, ignore_errors=True)
+    barrier()
+    return out
+
+
+def manifest_totals(path: Path) -> dict[str, Any] | None:
+    """The totals snapstate records in its manifest, to cross-check the directory walk."""
+    try:
+        import snapstate as ss
+
+        totals = getattr(ss.inspect(str(path)), "totals", None)
+    except Exception as e:  # a report field, not a reason to lose the run
+        return {"error": repr(e)}
+    if totals is None or isinstance(totals, dict):
+        return totals
+    return asdict(totals) if hasattr(totals, "__dataclass_fields__") else {"repr": repr(totals)}
+
+
+def raw_write_s(trainer: Trainer, root: Path, nbytes: int) -> float:
+    """Every rank writes and fsyncs ``nbytes`` at once; the slowest rank's time."""
+    root.mkdir(parents=True, exist_ok=True)
+    barrier()
+    elapsed = write_fsync_seconds(root / f"raw-{trainer.rank}.bin", nbytes)
+    barrier()
+    return elapsed
+
+
+def measure_on_rank(job: MeasureJob, rank: int, world: int) -> dict[str, Any] | None:
+    """Run the whole measurement on this rank; rank 0 returns every rank's observations."""
+    trainer = Trainer(job.train, rank, world)
+    for _ in range(job.warmup):
+        trainer.train_step()
+    unique = trainer.unique_state_bytes()
+    ckpt = Path(job.ckpt_dir)
+    raw_bytes = max(unique // world, 4 << 20)
+    mine: dict[str, Any] = {
+        "rank": rank,
+        "raw_write_s": raw_write_s(trainer, ckpt, raw_bytes),
+        "raw_bytes": raw_bytes,
+    }
+    mine["baseline"] = [asdict(run_segment(trainer, job, None, ckpt))]
+    mine["methods"] = {
+        n: measure_method(trainer, job, n, ckpt / n) for n in rotate(job.methods, job.repeat)
+    }
+    mine["baseline"].append(asdict(run_segment(trainer, job, None, ckpt)))
+    gathered: list[Any] = [None] * world
+    if dist.is_initialized():
+        dist.all_gather_object(gathered, mine)
+    else:
+        gathered = [mine]
+    if rank != 0:
+        return None
+    from snapstate.bench.models import count_params
+
+    return {
+        "unique_state_bytes": unique,
+        "model_params": count_params(trainer.module),
+        "ranks": gathered,
+        "device": str(trainer.device),
+        "threads": _threads(),
+    }
+
+
+def _threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
+def load_job(path: str) -> dict[str, Any]:
+    with open(path) as f:
+        return json.load(f)
+
+
+def main(argv: list[str]) -> int:
+    """Entry point of one rank: ``python -m snapstate.bench.worker JOB.json``."""
+    warnings.filterwarnings("ignore", message=".*set_vital.*")
+    raw = load_job(argv[0])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    set_threads(world)
+    init_distributed(rank, world)
+    try:
+        if raw["kind"] == "measure":
+            job = MeasureJob(**{**raw, "train": TrainConfig(**raw["train"])})
+            result = measure_on_rank(job, rank, world)
+            if result is not None:
+                Path(job.result_file).write_text(json.dumps(result))
+        else:
+            from snapstate.bench.determinism import train_on_rank
+
+            train_on_rank(raw, rank, world)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
