@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from snapstate.engine.staging import byte_view
+from snapstate.engine.staging import bits_view, byte_view
 from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, SkippedKeys
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.format.dtypes import itemsize as dtype_itemsize
@@ -77,6 +77,7 @@ def load_into(state: Any, storage: Storage, manifest: Manifest, rank: int | None
         raise IncompatibleStateError(storage.root, plan.mismatches)
     tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
     result = LoadResult(storage.root, skipped=SkippedKeys(missing=[m.key for m in plan.mismatches if m.problem.startswith("missing")], mismatched=plan.mismatches))
+    plan.apply_structure()
     result.bytes_read = run_reads(storage, tasks, threads)
     for finalize in plan.finalizers:
         finalize()
@@ -126,7 +127,7 @@ def read_one(storage: Storage, task: ReadTask) -> int:
     view = byte_view(buffer)
     _read(storage, chunk, chunk.start + span.start, view, task.key)
     _verify(view, span.first_block, chunk, task.key)
-    task.target.copy_(_select(buffer, span.start, span.row_start, chunk_box, task.part, dtype, itemsize))
+    bits_view(task.target).copy_(bits_view(_select(buffer, span.start, span.row_start, chunk_box, task.part, dtype, itemsize)))
     return len(view)
 
 

@@ -85,9 +85,9 @@ def start_save(
 
 def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
     def local() -> tuple[list[ItemMeta], str]:
+        flat = flatten_state(state)  # first: an unsaveable state must not uncommit the old checkpoint
         if coord.rank == 0:
             _clear_target(storage, options.overwrite)
-        flat = flatten_state(state)
         holder.append(flat)
         return _item_metas(flat), uuid.uuid4().hex
 

@@ -110,4 +110,7 @@ def _numpy_to_torch(arr: np.ndarray, path: str) -> torch.Tensor:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if any(s < 0 for s in arr.strides):
         arr = np.ascontiguousarray(arr)
-    return torch.from_numpy(arr)
+    try:
+        return torch.from_numpy(arr)
+    except TypeError:  # numeric, but with no torch dtype (longdouble, clongdouble)
+        raise TypeError(f"cannot checkpoint the numpy array at key {path!r}: dtype {arr.dtype} has no torch equivalent") from None

@@ -41,12 +41,37 @@ class RestorePlan:
     reads: list[ReadRequest] = field(default_factory=list)
     finalizers: list[Callable[[], None]] = field(default_factory=list)
     mismatches: list[StateMismatch] = field(default_factory=list)
-    # numpy results that must replace their container slot after reads (allocated arrays)
     skipped: list[str] = field(default_factory=list)
+    # container slots to set; deferred so that a refused (strict) load changes nothing
+    assignments: list[tuple[Any, Any, Any]] = field(default_factory=list)
+
+    def apply_structure(self) -> None:
+        """Put the planned values in their containers (before reads and finalizers)."""
+        for container, key, value in self.assignments:
+            container[key] = value
 
 
 Lookup = Callable[[str, bool], "StoredTensor | None"]
 _MISSING = object()
+
+
+class _Pending:
+    """A value that exists only once the bytes are read: a numpy scalar (immutable, so it
+    cannot be filled in place) or a tuple holding one. It takes its slot in a finalizer,
+    which runs after the reads and before the enclosing object's ``load_state_dict``."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self.make = make
+
+
+def _resolved(value: Any) -> Any:
+    return value.make() if isinstance(value, _Pending) else value
+
+
+def _put(container: Any, key: Any, value: Any, walk: _Walk) -> None:
+    walk.plan.assignments.append((container, key, value))
+    if isinstance(value, _Pending):
+        walk.plan.finalizers.append(lambda: container.__setitem__(key, value.make()))
 
 
 @dataclass
@@ -111,9 +136,9 @@ def _restore_dict(target: Any, items: list, path: str, walk: _Walk, rebuild: boo
     for key, child in stored.items():
         sub = join_key(path, key)
         if key in target:
-            target[key] = _restore(target[key], child, sub, walk, rebuild, rank_local)
+            _put(target, key, _restore(target[key], child, sub, walk, rebuild, rank_local), walk)
         elif rebuild:
-            target[key] = _restore(_MISSING, child, sub, walk, rebuild, rank_local)
+            _put(target, key, _restore(_MISSING, child, sub, walk, rebuild, rank_local), walk)
     return target
 
 
@@ -124,10 +149,14 @@ def _restore_sequence(target: Any, children: list, as_tuple: bool, path: str, wa
         return target
     olds = list(target) if same_shape else [_MISSING] * len(children)
     values = [_restore(old, c, join_key(path, i), walk, rebuild, rank_local) for i, (old, c) in enumerate(zip(olds, children))]
-    if isinstance(target, list) and same_shape:
-        target[:] = values
-        return target
-    return tuple(values) if as_tuple else values
+    if as_tuple:
+        if any(isinstance(v, _Pending) for v in values):
+            return _Pending(lambda: tuple(_resolved(v) for v in values))
+        return tuple(values)
+    out = target if isinstance(target, list) and same_shape else [None] * len(values)
+    for i, v in enumerate(values):
+        _put(out, i, v, walk)
+    return out
 
 
 def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_local: bool) -> Any:
@@ -137,7 +166,7 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
         walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds a Stateful object, target is {_describe(target)}"))
         return target
     new_sd = _restore(target.state_dict(), node, path, walk, rebuild=True, rank_local=rank_local)
-    walk.plan.finalizers.append(lambda: target.load_state_dict(new_sd))
+    walk.plan.finalizers.append(lambda: target.load_state_dict(_resolved(new_sd)))
     return target
 
 
@@ -165,6 +194,12 @@ def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local:
         return target
     if target is _MISSING or target is None:
         return _allocate(key, stored, walk, rank_local)
+    if isinstance(target, np.generic):  # immutable: replaced by the stored value
+        problem = _compare(torch.from_numpy(np.asarray(target)), stored)
+        if problem:
+            walk.plan.mismatches.append(StateMismatch(path, problem))
+            return target
+        return _allocate(key, stored, walk, rank_local)
     as_torch = _as_torch_view(target)
     if as_torch is None:
         walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds a {stored.kind}, target is {_describe(target)}"))
@@ -183,7 +218,7 @@ def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> 
     if stored.kind == "tensor":
         return tensor
     array = tensor.numpy()
-    return array[()] if stored.kind == "npscalar" else array
+    return _Pending(lambda: array[()]) if stored.kind == "npscalar" else array
 
 
 def _as_torch_view(target: Any) -> torch.Tensor | None:

@@ -1,0 +1,1 @@
+"""Behavioural tests of the single-process core engine."""
