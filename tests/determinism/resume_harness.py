@@ -1,0 +1,210 @@
+"""Run the trainer uninterrupted, SIGKILLed mid-epoch, and resumed; compare the runs bit for bit.
+
+Reusable outside the tests: ``kill_and_resume(work, spec)`` returns the three runs, and
+``loss_mismatches`` / ``state_mismatches`` say where two runs differ (empty lists: identical).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+TRAINER = Path(__file__).with_name("trainer.py")
+LOSSES, FINAL, READY = "losses.txt", "final.pt", "ready"
+START_TIMEOUT_S = 120.0
+
+
+@dataclass(frozen=True)
+class Spec:
+    """One training configuration; ``kill_at`` is a few steps after the checkpoint at ``every``."""
+
+    steps: int = 30
+    every: int = 5
+    kill_at: int = 18
+    workers: int = 0
+    seed: int = 0
+    reseed: bool = True  # reseed the loader's generator each epoch (see trainer.Batches)
+
+    def argv(self) -> list[str]:
+        args = [
+            "--steps",
+            str(self.steps),
+            "--every",
+            str(self.every),
+            "--workers",
+            str(self.workers),
+            "--seed",
+            str(self.seed),
+        ]
+        return args if self.reseed else [*args, "--no-reseed"]
+
+
+@dataclass
+class Run:
+    """What one trainer process left behind."""
+
+    out: Path
+    root: Path
+    losses: dict[int, str] = field(default_factory=dict)  # step -> float.hex of the loss
+
+    def reload(self) -> Run:
+        self.losses = read_losses(self.out / LOSSES)
+        return self
+
+    def final(self) -> dict[str, Any]:
+        return torch.load(self.out / FINAL, weights_only=True)
+
+
+@dataclass
+class KillResume:
+    reference: Run
+    killed: Run
+    resumed: Run
+    checkpoint_step: int  # the manager's latest committed step when the kill landed
+
+
+def read_losses(path: Path) -> dict[int, str]:
+    losses: dict[int, str] = {}
+    for line in path.read_text().splitlines():
+        step, value = line.split()
+        losses[int(step)] = value
+    return losses
+
+
+def _command(spec: Spec, root: Path, out: Path, extra: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        str(TRAINER),
+        "--root",
+        str(root),
+        "--out",
+        str(out),
+        *spec.argv(),
+        *extra,
+    ]
+
+
+def _start(spec: Spec, root: Path, out: Path, extra: list[str]) -> subprocess.Popen[bytes]:
+    out.mkdir(parents=True, exist_ok=True)
+    log = open(out / "stderr.txt", "wb")
+    # Own session: data-loader workers orphaned by the kill can be reaped by group afterwards.
+    return subprocess.Popen(
+        _command(spec, root, out, extra), stdout=log, stderr=log, start_new_session=True
+    )
+
+
+def train(
+    spec: Spec, root: Path, out: Path, *, extra: list[str] | None = None, timeout: float = 300.0
+) -> Run:
+    """Run the trainer to its end in a new process."""
+    proc = _start(spec, root, out, extra or [])
+    try:
+        code = proc.wait(timeout)
+    finally:
+        _reap_group(proc)
+    if code != 0:
+        raise RuntimeError(
+            f"trainer exited with {code}: {(out / 'stderr.txt').read_text()[-3000:]}"
+        )
+    return Run(out, root).reload()
+
+
+def train_and_kill(
+    spec: Spec, root: Path, out: Path, timeout: float = START_TIMEOUT_S
+) -> tuple[Run, int]:
+    """Run the trainer until it reports step ``kill_at`` with a committed checkpoint, then SIGKILL it."""
+    proc = _start(spec, root, out, ["--kill-at", str(spec.kill_at)])
+    ready = out / READY
+    deadline = time.monotonic() + timeout
+    try:
+        while not ready.exists():
+            if proc.poll() is not None:
+                raise RuntimeError(
+                    f"trainer ended before the kill: {(out / 'stderr.txt').read_text()[-3000:]}"
+                )
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"trainer did not reach step {spec.kill_at} within {timeout}s")
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        code = proc.wait(30)
+    finally:
+        _reap_group(proc)
+    if code != -signal.SIGKILL:
+        raise RuntimeError(f"trainer was not killed by SIGKILL (exit {code})")
+    return Run(out, root).reload(), int(ready.read_text())
+
+
+def _reap_group(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+def kill_and_resume(work: Path, spec: Spec) -> KillResume:
+    """Reference run A; run B killed after ``kill_at``; B resumed from the latest step in a new process."""
+    reference = train(spec, work / "a-root", work / "a")
+    killed, at = train_and_kill(spec, work / "b-root", work / "b-killed")
+    # The resume writes into b-root; ``killed.root`` keeps the checkpoints as the kill left them.
+    killed.root = work / "b-root-at-kill"
+    shutil.copytree(work / "b-root", killed.root)
+    resumed = train(spec, work / "b-root", work / "b-resumed", extra=["--resume"])
+    return KillResume(reference, killed, resumed, at)
+
+
+def resume_copy(spec: Spec, killed: Run, out: Path, extra: list[str]) -> Run:
+    """Resume from a copy of ``killed``'s checkpoints (so the original stays usable)."""
+    root = out.with_name(out.name + "-root")
+    shutil.copytree(killed.root, root)
+    return train(spec, root, out, extra=["--resume", *extra])
+
+
+def stitched(killed: Run, resumed: Run, checkpoint_step: int) -> dict[int, str]:
+    """The losses the killed-and-resumed run produced, as one sequence."""
+    before = {s: v for s, v in killed.losses.items() if s <= checkpoint_step}
+    return before | resumed.losses
+
+
+def loss_mismatches(want: dict[int, str], got: dict[int, str]) -> list[str]:
+    steps = sorted(set(want) | set(got))
+    return [f"step {s}: {want.get(s)} != {got.get(s)}" for s in steps if want.get(s) != got.get(s)]
+
+
+def state_mismatches(a: Any, b: Any, path: str = "") -> list[str]:
+    """Every place two nested states differ; tensors compare bit for bit (-0.0 != 0.0)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return [] if _same_bits(a, b) else [f"{path}: tensors differ"]
+    if isinstance(a, dict) and isinstance(b, dict):
+        if a.keys() != b.keys():
+            return [f"{path}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"]
+        return [m for k in a for m in state_mismatches(a[k], b[k], f"{path}/{k}")]
+    if (
+        isinstance(a, (list, tuple))
+        and isinstance(b, (list, tuple))
+        and type(a) is type(b)
+        and len(a) == len(b)
+    ):
+        return [
+            m for i, (x, y) in enumerate(zip(a, b)) for m in state_mismatches(x, y, f"{path}/{i}")
+        ]
+    return [] if type(a) is type(b) and a == b else [f"{path}: {a!r} != {b!r}"]
+
+
+def _same_bits(a: Any, b: Any) -> bool:
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
+        return False
+    if a.dtype != b.dtype or a.shape != b.shape:
+        return False
+    if a.is_floating_point() or a.is_complex():  # compare bit patterns, not values
+        return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
+    return bool(torch.equal(a, b))
