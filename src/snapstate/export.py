@@ -33,8 +33,8 @@ def materialize(path: str | os.PathLike[str], rank: int | None = None) -> Any:
     trees = manifest.rank_local[rank].trees if rank is not None and rank in manifest.rank_local else None
     value, plan = plan_materialize(manifest.tree, lookup, trees)
     tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
-    plan.apply_structure()
     run_reads(storage, tasks, DEFAULT_READ_THREADS)
+    plan.apply_structure()
     for finalize in plan.finalizers:  # numpy scalars take their slots once read
         finalize()
     return value

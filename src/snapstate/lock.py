@@ -5,14 +5,22 @@ from __future__ import annotations
 import json
 import os
 import socket
+import uuid
+import weakref
 
 from snapstate.errors import CheckpointLockedError
 from snapstate.storage.base import Storage
 
 LOCK_FILE = ".snapstate.lock"
 
+# Locks held by this process, by token: a second manager in the same process (same pid) is
+# refused while the first lives, and takes over once it is gone without closing.
+_HELD: weakref.WeakValueDictionary[str, RootLock] = weakref.WeakValueDictionary()
+
 
 def _alive(pid: int) -> bool:
+    if pid <= 0:  # os.kill(0 or -1, 0) would ask about whole process groups
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -27,24 +35,35 @@ class RootLock:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        self.owner = {"pid": os.getpid(), "host": socket.gethostname()}
+        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "token": uuid.uuid4().hex}
         self.held = False
 
     def acquire(self) -> None:
         holder = self._read_holder()
-        if holder is not None and holder != self.owner:
-            if holder.get("host") != self.owner["host"] or _alive(int(holder.get("pid", -1))):
-                raise CheckpointLockedError(
-                    f"{self.storage.root} is locked by pid {holder.get('pid')} on {holder.get('host')} "
-                    f"({LOCK_FILE}); another CheckpointManager is writing there"
-                )
+        if holder is not None and holder != self.owner and self._holder_alive(holder):
+            raise CheckpointLockedError(
+                f"{self.storage.root} is locked by pid {holder.get('pid')} on {holder.get('host')} "
+                f"({LOCK_FILE}); another CheckpointManager is writing there"
+            )
         self._create(take_over=holder is not None)
         self.held = True
+        _HELD[self.owner["token"]] = self
 
     def release(self) -> None:
         if self.held and self._read_holder() == self.owner:
             self.storage.remove(LOCK_FILE)
         self.held = False
+        _HELD.pop(self.owner["token"], None)
+
+    def _holder_alive(self, holder: dict) -> bool:
+        if holder.get("host") != self.owner["host"]:
+            return True  # a pid on another host cannot be checked from here
+        pid = holder.get("pid")
+        if not isinstance(pid, int):
+            return False
+        if pid == os.getpid():
+            return holder.get("token") in _HELD
+        return _alive(pid)
 
     def _create(self, take_over: bool) -> None:
         if "://" in self.storage.root or take_over:
@@ -60,8 +79,10 @@ class RootLock:
 
     def _read_holder(self) -> dict | None:
         try:
-            return json.loads(self.storage.read_bytes(LOCK_FILE))
+            holder = json.loads(self.storage.read_bytes(LOCK_FILE))
         except FileNotFoundError:
             return None
         except ValueError:
-            return {"pid": -1, "host": self.owner["host"]}  # torn lock: treat as stale
+            holder = None
+        # A torn or foreign lock file is stale.
+        return holder if isinstance(holder, dict) else {"pid": -1, "host": self.owner["host"]}
