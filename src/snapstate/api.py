@@ -15,9 +15,9 @@ from snapstate.engine.staging import HostBufferPool
 from snapstate.engine.verify import VerifyReport, read_manifest, verify_checkpoint
 from snapstate.errors import IncompatibleStateError, StateMismatch
 from snapstate.format.manifest import Manifest
-from snapstate.storage.base import storage_for
+from snapstate.storage.base import Storage, storage_for
 
-PathLike = str | os.PathLike[str]
+PathLike = str | os.PathLike[str] | Storage  # a directory, a URL, or a Storage object
 
 _lock = threading.Lock()
 _pool: HostBufferPool | None = None

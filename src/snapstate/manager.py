@@ -39,16 +39,17 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str], keep_last: int | None = None, keep_every: int | None = None,
+        self, root: str | os.PathLike[str] | Storage, keep_last: int | None = None, keep_every: int | None = None,
         async_save: bool = True, *, timeout: float | None = None, process_group: Any = None,
         options: SaveOptions | None = None,
     ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError("keep_last must be at least 1 (or None to keep everything)")
-        self.root = os.fspath(root)
+        self.storage: Storage = storage_for(root)
+        self._given_storage = not isinstance(root, (str, os.PathLike))
+        self.root = os.fspath(root) if isinstance(root, (str, os.PathLike)) else self.storage.root
         self.keep_last, self.keep_every, self.async_save = keep_last, keep_every, async_save
         self.timeout, self.process_group, self.options = timeout, process_group, options
-        self.storage: Storage = storage_for(self.root)
         self.coord: Coordinator = default_coordinator(process_group)
         self.corrupt_steps: dict[int, str] = {}  # steps skipped by restore(), with the reason
         self._pending: SaveHandle | None = None
@@ -67,7 +68,10 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def path(self, step: int) -> str:
+    def path(self, step: int) -> str | Storage:
+        """Where ``step`` lives: a path or URL, or a child Storage when a Storage was given."""
+        if self._given_storage:
+            return self.storage.child(step_dir(step))
         return os.path.join(self.root, step_dir(step)) if "://" not in self.root else f"{self.root.rstrip('/')}/{step_dir(step)}"
 
     # -- save / restore ----------------------------------------------------------

@@ -24,7 +24,7 @@ _STOP = object()
 class PersistStats:
     bytes_written: int = 0
     write_s: float = 0.0
-    digests: dict[tuple[str, int], list[str]] = field(default_factory=dict)  # (file, start) -> xxh3 blocks
+    digests: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)  # (file, start, end) -> xxh3 blocks
 
 
 class RankWriter:
@@ -37,7 +37,7 @@ class RankWriter:
         self.error: BaseException | None = None
         self._lock = threading.Lock()
         self._writers: dict[str, FileWriter] = {}
-        self._hashers: dict[tuple[str, int], BlockHasher] = {}
+        self._hashers: dict[tuple[str, int, int], BlockHasher] = {}
         self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(max(1, threads))]
         self._owner = {f.path: i % len(self._queues) for i, f in enumerate(plan.files)}
         self._files = plan.files
@@ -104,7 +104,7 @@ class RankWriter:
             staged.ready()
         started = time.perf_counter()
         self._writers[placed.file].write_at(staged.data, placed.start + offset)
-        key = (placed.file, placed.start)
+        key = (placed.file, placed.start, placed.end)  # an empty chunk starts where the next one does
         hasher = self._hashers.setdefault(key, BlockHasher(self.block_bytes))
         hasher.update(staged.data)
         if last:

@@ -134,7 +134,7 @@ def _marker(rank: int, prepared: _Prepared, rank_plan: RankPlan, stats: PersistS
         {
             "key": p.item.key, "placement": p.item.placement.value, "file": p.file, "name": p.item.name,
             "start": p.start, "end": p.end, "offsets": list(p.item.box.offsets), "sizes": list(p.item.box.sizes),
-            "block_bytes": options.block_bytes, "xxh3": stats.digests[(p.file, p.start)],
+            "block_bytes": options.block_bytes, "xxh3": stats.digests[(p.file, p.start, p.end)],
         }
         for f in rank_plan.files
         for p in f.items

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 
 @runtime_checkable
@@ -54,8 +54,16 @@ def is_url(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
-def storage_for(path: str | os.PathLike[str], **options: object) -> Storage:
-    """LocalStorage for plain paths, FsspecStorage for URLs such as ``s3://bucket/run``."""
+def storage_for(path: str | os.PathLike[str] | Storage, **options: Any) -> Storage:
+    """LocalStorage for plain paths, FsspecStorage for URLs such as ``s3://bucket/run``.
+
+    A Storage object is used as it is, so one (an FsspecStorage with storage options, a
+    TieredStorage) can be passed wherever the API takes a path.
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        if options:
+            raise TypeError("storage options go to the Storage object's constructor, not with it")
+        return path
     text = os.fspath(path)
     if is_url(text):
         from snapstate.storage.fsspec import FsspecStorage

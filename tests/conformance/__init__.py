@@ -1,0 +1,1 @@
+"""One suite every storage backend passes: local files, fsspec memory, S3 (moto), tiered."""
