@@ -17,9 +17,10 @@ import torch
 
 import snapstate as ss
 from snapstate.engine import staging
+from snapstate.format.dtypes import DTYPES
 from snapstate.storage.local import LocalFileWriter
 
-from .helpers import assert_bitwise_equal
+from .helpers import assert_bitwise_equal, random_tensor, zeros_like_layout
 
 MiB = 1 << 20
 
@@ -217,17 +218,31 @@ def test_small_pool_streams_a_large_state_within_its_budget(
     CountingSlab.created = 0
     pool = ss.HostBufferPool(budget_bytes=8 * MiB, slab_bytes=1 * MiB)
     gen = torch.Generator().manual_seed(0)
-    state = {f"m{i}": torch.randn(1024, 1024, generator=gen) for i in range(16)}  # 64 MiB
+    # 64 MiB; half of it transposed views, which stream through the slabs row by row
+    state = {f"m{i}": torch.randn(1024, 1024, generator=gen) for i in range(16)}
+    state.update({k: v.t() for k, v in list(state.items())[::2]})
     expected = snapshot(state)
+
+    # The writer waits until staging has filled the whole budget: the pool grows to full size.
+    original = LocalFileWriter.write_at
+
+    def slow_start(writer: LocalFileWriter, data: memoryview, offset: int) -> None:
+        deadline = time.monotonic() + 20
+        background = threading.current_thread() is not threading.main_thread()
+        while background and pool.allocated_bytes < 8 * MiB and time.monotonic() < deadline:
+            time.sleep(0.005)
+        original(writer, data, offset)
+
+    monkeypatch.setattr(LocalFileWriter, "write_at", slow_start)
     ss.async_save(state, tmp_path / "a", pool=pool).wait()
-    assert 0 < pool.peak_bytes <= 8 * MiB and pool.allocated_bytes <= 8 * MiB
-    created = CountingSlab.created
-    assert 0 < created <= 8
+    monkeypatch.setattr(LocalFileWriter, "write_at", original)
+    assert pool.peak_bytes == pool.allocated_bytes == 8 * MiB
+    assert CountingSlab.created == 8
 
     mutate(state)
     ss.async_save(state, tmp_path / "b", pool=pool).wait()
-    assert CountingSlab.created == created, "the second save allocated new slabs"
-    assert pool.peak_bytes <= 8 * MiB
+    assert CountingSlab.created == 8, "the second save allocated new slabs"
+    assert pool.peak_bytes == pool.allocated_bytes == 8 * MiB
 
     assert_state_equal(load_fresh(tmp_path / "a", expected), expected)
     assert_state_equal(load_fresh(tmp_path / "b", expected), snapshot(state))
@@ -258,3 +273,32 @@ def test_process_exiting_right_after_async_save_still_commits(tmp_path: Path) ->
     target = {"x": torch.zeros(100000, dtype=torch.int64)}
     ss.load(target, tmp_path / "c")
     assert torch.equal(target["x"], torch.arange(100000))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_every_dtype_and_layout_through_the_pool(tmp_path: Path) -> None:
+    state = {}
+    for i, (name, dtype) in enumerate(sorted(DTYPES.items())):
+        base = random_tensor(dtype, (6, 8), seed=i)
+        state.update(
+            {name: base, f"{name}.t": base.t(), f"{name}.s": base[0, 3], f"{name}.e": base[:0]}
+        )
+    state["expanded"] = torch.tensor([1.5]).expand(5, 3)
+    pool = ss.HostBufferPool(budget_bytes=1 << 20, slab_bytes=4096)
+    expected = {k: v.clone() if k == "expanded" else v for k, v in state.items()}
+    ss.async_save(state, tmp_path / "c", pool=pool).wait()
+    fresh = {
+        k: zeros_like_layout(v) if k != "expanded" else torch.zeros(5, 3) for k, v in state.items()
+    }
+    ss.load(fresh, tmp_path / "c")
+    for key, value in expected.items():
+        assert_bitwise_equal(fresh[key], value.contiguous() if key == "expanded" else value)
+
+
+def test_empty_and_tensorless_states(tmp_path: Path) -> None:
+    ss.async_save({}, tmp_path / "a").wait()
+    ss.async_save({"epoch": 1, "cfg": {"name": None}}, tmp_path / "b").wait()
+    assert ss.verify(tmp_path / "a").ok and ss.verify(tmp_path / "b").ok
+    target = {"epoch": 0, "cfg": {"name": "x"}}
+    ss.load(target, tmp_path / "b")
+    assert target == {"epoch": 1, "cfg": {"name": None}}

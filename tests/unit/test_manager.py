@@ -276,3 +276,35 @@ def test_save_over_uncommitted_leftovers_needs_no_overwrite(tmp_path: Path) -> N
     (tmp_path / "c" / "shards" / "r00000-007.safetensors").write_bytes(b"junk")
     ss.save({"x": torch.ones(2)}, tmp_path / "c")
     assert [p.name for p in (tmp_path / "c" / "shards").iterdir()] == ["r00000-000.safetensors"]
+
+
+def truncate_shard(checkpoint: Path) -> None:
+    (shard,) = (checkpoint / "shards").iterdir()
+    shard.write_bytes(shard.read_bytes()[:-10])
+
+
+def delete_shard(checkpoint: Path) -> None:
+    (shard,) = (checkpoint / "shards").iterdir()
+    shard.unlink()
+
+
+def garble_manifest(checkpoint: Path) -> None:
+    (checkpoint / "manifest.json").write_text('{"format": "snapstate", "version": 1, "tree": ')
+
+
+def future_version(checkpoint: Path) -> None:
+    doc = json.loads((checkpoint / "manifest.json").read_text())
+    doc["version"] = 99
+    (checkpoint / "manifest.json").write_text(json.dumps(doc))
+
+
+@pytest.mark.parametrize("damage", [truncate_shard, delete_shard, garble_manifest, future_version])
+def test_restore_falls_back_over_any_damage(tmp_path: Path, damage) -> None:
+    with ss.CheckpointManager(tmp_path, async_save=False) as mgr:
+        mgr.save(1, state_at(1))
+        mgr.save(2, state_at(2))
+    damage(tmp_path / "step-000000002")
+    with ss.CheckpointManager(tmp_path) as mgr:
+        target = empty_state()
+        assert mgr.restore(target) == 1 and target["step"] == 1
+        assert list(mgr.corrupt_steps) == [2]

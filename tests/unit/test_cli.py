@@ -1,0 +1,167 @@
+"""The snapstate command: inspect, verify, ls, export."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from safetensors import safe_open
+from torch import nn
+
+import snapstate as ss
+from snapstate.cli import main
+
+from .helpers import assert_bitwise_equal
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    return result.exit_code, result.output
+
+
+def training_state() -> dict:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(3, 4)).sum().backward()
+    opt.step()
+    return {
+        "model": model,
+        "optim": opt,
+        "arr": np.arange(6, dtype=np.int16),
+        "epoch": 7,
+        "lr": 0.5,
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict]:
+    path = tmp_path_factory.mktemp("cli") / "c"
+    state = training_state()
+    ss.save(state, path, step=42)
+    return path, state
+
+
+def test_inspect_table(checkpoint) -> None:
+    path, _ = checkpoint
+    code, out = run("inspect", str(path))
+    assert code == 0
+    for text in (
+        "model/0.weight",
+        "float32",
+        "[8, 4]",
+        "optim/state/0/exp_avg",
+        "step 42",
+        "files: 1",
+    ):
+        assert text in out, text
+    assert "blocking" in out and "write" in out  # save timings
+
+
+def test_inspect_json(checkpoint) -> None:
+    path, state = checkpoint
+    code, out = run("inspect", str(path), "--json")
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["format"] == "snapstate/1" and doc["step"] == 42 and doc["world_size"] == 1
+    weight = doc["tensors"]["model/0.weight"]
+    assert weight == {
+        "dtype": "float32",
+        "shape": [8, 4],
+        "placement": "replicate",
+        "bytes": 128,
+        "chunks": 1,
+    }
+    assert doc["tensors"]["arr"]["dtype"] == "int16"
+    (shard,) = doc["files"]
+    assert doc["files"][shard]["bytes"] == (path / shard).stat().st_size
+    assert doc["timings"]["per_rank"][0]["blocking_s"] >= 0
+
+
+def test_verify_ok_then_corrupt(tmp_path: Path) -> None:
+    ss.save({"w": torch.randn(100), "v": torch.randn(10)}, tmp_path / "c")
+    code, out = run("verify", str(tmp_path / "c"))
+    assert code == 0 and out.startswith("ok: 2 tensors")
+    chunk = ss.inspect(tmp_path / "c").tensors["w"].chunks[0]
+    shard = tmp_path / "c" / chunk.file
+    data = bytearray(shard.read_bytes())
+    data[chunk.start + 17] ^= 0x01
+    shard.write_bytes(bytes(data))
+    code, out = run("verify", str(tmp_path / "c"))
+    assert code == 1
+    assert "checksum mismatch" in out and chunk.file in out and "'w'" in out
+
+
+def test_verify_and_inspect_of_a_missing_checkpoint(tmp_path: Path) -> None:
+    for command in ("verify", "inspect"):
+        code, out = run(command, str(tmp_path / "absent"))
+        assert code == 1 and "no committed checkpoint" in out
+
+
+def test_ls_shows_committed_and_uncommitted_steps(tmp_path: Path) -> None:
+    with ss.CheckpointManager(tmp_path, async_save=False) as mgr:
+        mgr.save(100, {"x": torch.zeros(1024)})
+        mgr.save(200, {"x": torch.zeros(2048)})
+    (tmp_path / "step-000000300" / "shards").mkdir(parents=True)  # a save that never committed
+    code, out = run("ls", str(tmp_path))
+    assert code == 0
+    lines = {
+        line.split()[1]: line
+        for line in out.splitlines()
+        if line.split()[1:2] and line.split()[1].isdigit()
+    }
+    assert "committed" in lines["100"] and "4.1 KiB" in lines["100"]
+    assert "committed" in lines["200"] and "8.1 KiB" in lines["200"]
+    assert "uncommitted" in lines["300"]
+
+
+def test_export_to_torch_loads_with_weights_only(checkpoint, tmp_path: Path) -> None:
+    path, state = checkpoint
+    out = tmp_path / "model.pt"
+    code, text = run("export", str(path), "--to", "torch", str(out))
+    assert code == 0 and "wrote" in text
+    loaded = torch.load(out, weights_only=True)
+    for key, value in state["model"].state_dict().items():
+        assert_bitwise_equal(loaded["model"][key], value)
+    for index, slots in state["optim"].state_dict()["state"].items():
+        for name, value in slots.items():
+            assert_bitwise_equal(loaded["optim"]["state"][index][name], value)
+    assert loaded["optim"]["param_groups"][0]["betas"] == (0.9, 0.999)
+    assert torch.equal(loaded["arr"], torch.arange(6, dtype=torch.int16))
+    assert loaded["epoch"] == 7 and loaded["lr"] == 0.5
+
+
+def test_export_to_safetensors(checkpoint, tmp_path: Path) -> None:
+    path, state = checkpoint
+    out = tmp_path / "model.safetensors"
+    code, _ = run("export", str(path), "--to", "safetensors", str(out))
+    assert code == 0
+    with safe_open(str(out), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 - safe_open is not a dict
+        values = json.loads(f.metadata()["values"])
+    for key, value in state["model"].state_dict().items():
+        assert_bitwise_equal(tensors[f"model/{key}"], value)
+    assert_bitwise_equal(
+        tensors["optim/state/1/exp_avg"], state["optim"].state_dict()["state"][1]["exp_avg"]
+    )
+    assert values["epoch"] == 7 and values["optim/param_groups/0/lr"] == 0.001
+
+
+def test_console_script_verify_exit_code(tmp_path: Path) -> None:
+    ss.save({"w": torch.randn(64)}, tmp_path / "c")
+    chunk = ss.inspect(tmp_path / "c").tensors["w"].chunks[0]
+    shard = tmp_path / "c" / chunk.file
+    data = bytearray(shard.read_bytes())
+    data[chunk.end - 1] ^= 0x80
+    shard.write_bytes(bytes(data))
+    script = Path(sys.executable).with_name("snapstate")
+    done = subprocess.run(
+        [str(script), "verify", str(tmp_path / "c")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and "checksum mismatch" in done.stderr
