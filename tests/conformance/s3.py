@@ -70,13 +70,19 @@ def s3_server() -> Iterator[S3Server]:
 
 @pytest.fixture(autouse=True, scope="session")
 def aws_test_credentials() -> Iterator[None]:
-    """Never reach real AWS credentials or config from these tests."""
+    """Never reach real AWS credentials or config, nor a proxy, from these tests."""
+    local = ",".join(filter(None, [os.environ.get("NO_PROXY", ""), "127.0.0.1,localhost"]))
     names = {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
         "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_CONFIG_FILE": os.devnull,
+        "AWS_SHARED_CREDENTIALS_FILE": os.devnull,
+        "NO_PROXY": local,
+        "no_proxy": local,
     }
-    saved = {k: os.environ.get(k) for k in names}
+    saved = {k: os.environ.get(k) for k in [*names, "AWS_PROFILE"]}
+    os.environ.pop("AWS_PROFILE", None)  # a profile that the empty config lacks would fail
     os.environ.update(names)
     yield
     for k, v in saved.items():
