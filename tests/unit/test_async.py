@@ -302,3 +302,18 @@ def test_empty_and_tensorless_states(tmp_path: Path) -> None:
     target = {"epoch": 0, "cfg": {"name": "x"}}
     ss.load(target, tmp_path / "b")
     assert target == {"epoch": 1, "cfg": {"name": None}}
+
+
+def test_rows_larger_than_the_budget_are_streamed_too(tmp_path: Path) -> None:
+    pool = ss.HostBufferPool(budget_bytes=2 * MiB, slab_bytes=256 << 10)
+    gen = torch.Generator().manual_seed(1)
+    wide = torch.randn(2, 1 << 20, generator=gen)  # 8 MiB in two rows of 4 MiB
+    state = {
+        "wide": wide,
+        "wide_t": torch.randn(1 << 20, 2, generator=gen).t(),
+        "cube": torch.randn(1, 3, 1 << 19),
+    }
+    expected = snapshot(state)
+    ss.async_save(state, tmp_path / "c", pool=pool).wait()
+    assert pool.peak_bytes <= 2 * MiB
+    assert_state_equal(load_fresh(tmp_path / "c", expected), expected)

@@ -61,14 +61,18 @@ class HostBufferPool:
     def allocated_bytes(self) -> int:
         return self._allocated
 
-    def reserve(self, nbytes: int, timeout: float | None) -> tuple[Slab, int]:
-        """A slab and offset with room for ``nbytes``; waits while the budget is spent."""
+    def reserve(self, nbytes: int, timeout: float | None, before_wait: Callable[[], None] | None = None) -> tuple[Slab, int]:
+        """A slab and offset with room for ``nbytes``; waits while the budget is spent.
+
+        ``before_wait`` runs first when the call would wait: it hands held pieces to the
+        writer, the only one that can free a slab (it must not take the pool's lock).
+        """
         with self._cond:
             slab = self._current
             if slab is not None and slab.used + nbytes <= slab.nbytes:
                 return self._take(slab, nbytes)
             self._seal_current()
-            slab = self._new_slab(max(nbytes, self.slab_bytes), timeout)
+            slab = self._new_slab(max(nbytes, self.slab_bytes), timeout, before_wait)
             self._current = slab
             return self._take(slab, nbytes)
 
@@ -109,10 +113,12 @@ class HostBufferPool:
                 self._allocated -= slab.nbytes
             self._cond.notify_all()
 
-    def _new_slab(self, nbytes: int, timeout: float | None) -> Slab:
+    def _new_slab(self, nbytes: int, timeout: float | None, before_wait: Callable[[], None] | None = None) -> Slab:
         def available() -> bool:
             return (nbytes == self.slab_bytes and bool(self._free)) or self._allocated + nbytes <= self.budget_bytes or self._allocated == 0
 
+        if before_wait is not None and not available():
+            before_wait()
         if not self._cond.wait_for(available, timeout=timeout):
             raise CheckpointTimeoutError(f"no staging buffer freed within {timeout}s (budget {self.budget_bytes} bytes)")
         if nbytes == self.slab_bytes and self._free:
@@ -141,11 +147,21 @@ def byte_view(t: torch.Tensor) -> memoryview:
 
 
 def row_pieces(view: torch.Tensor, max_bytes: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Split a chunk along dim 0 into (byte offset in chunk, rows) of at most ``max_bytes``."""
-    if view.dim() == 0 or view.shape[0] <= 1 or view.numel() * view.element_size() <= max_bytes:
+    """Split a chunk along dim 0 into (byte offset in chunk, rows) of at most ``max_bytes``.
+
+    A single row larger than ``max_bytes`` is split along its own first dimension, so that a
+    wide tensor (``(1, N)``) still streams through a small staging budget. Each piece covers
+    consecutive bytes of the chunk's row-major layout.
+    """
+    if view.dim() == 0 or view.shape[0] == 0 or view.numel() * view.element_size() <= max_bytes:
         yield 0, view
         return
     row_bytes = (view.numel() // view.shape[0]) * view.element_size()
+    if row_bytes > max_bytes and view.dim() > 1:
+        for row in range(view.shape[0]):
+            for offset, piece in row_pieces(view[row], max_bytes):
+                yield row * row_bytes + offset, piece
+        return
     rows = max(1, max_bytes // max(row_bytes, 1))
     for start in range(0, view.shape[0], rows):
         yield start * row_bytes, view[start : start + rows]
@@ -161,9 +177,10 @@ class StagedBytes:
 class Stager:
     """Copies pieces into the pool (async saves) or exposes them in place (blocking saves)."""
 
-    def __init__(self, pool: HostBufferPool | None, timeout: float | None) -> None:
+    def __init__(self, pool: HostBufferPool | None, timeout: float | None, before_wait: Callable[[], None] | None = None) -> None:
         self.pool = pool
         self.timeout = timeout
+        self.before_wait = before_wait  # see HostBufferPool.reserve
         self.stream = torch.cuda.Stream() if (pool is not None and torch.cuda.is_available()) else None
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
@@ -184,7 +201,7 @@ class Stager:
         if self.pool is None:  # blocking save of a non-contiguous or device tensor
             host = bits_view(piece.detach()).to("cpu").contiguous()
             return StagedBytes(byte_view(host), None, None)
-        slab, offset = self.pool.reserve(nbytes, self.timeout)
+        slab, offset = self.pool.reserve(nbytes, self.timeout, self.before_wait)
         dst = slab.buffer[offset : offset + nbytes].view(piece.dtype).view(piece.shape)
         pool = self.pool
         if self.stream is not None and piece.device.type == "cuda":
