@@ -35,7 +35,8 @@ class RootLock:
 
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
-        self.owner = {"pid": os.getpid(), "host": socket.gethostname(), "token": uuid.uuid4().hex}
+        self.token = uuid.uuid4().hex
+        self.owner: dict[str, object] = {"pid": os.getpid(), "host": socket.gethostname(), "token": self.token}
         self.held = False
 
     def acquire(self) -> None:
@@ -47,13 +48,13 @@ class RootLock:
             )
         self._create(take_over=holder is not None)
         self.held = True
-        _HELD[self.owner["token"]] = self
+        _HELD[self.token] = self
 
     def release(self) -> None:
         if self.held and self._read_holder() == self.owner:
             self.storage.remove(LOCK_FILE)
         self.held = False
-        _HELD.pop(self.owner["token"], None)
+        _HELD.pop(self.token, None)
 
     def _holder_alive(self, holder: dict) -> bool:
         if holder.get("host") != self.owner["host"]:
