@@ -36,6 +36,7 @@ class CorruptCheckpointError(CheckpointError, ValueError):
     def __init__(self, message: str, *, file: str | None = None, key: str | None = None) -> None:
         where = ", ".join(p for p in (f"file {file}" if file else "", f"key {key!r}" if key else "") if p)
         super().__init__(f"{message} ({where})" if where else message)
+        self.reason = message
         self.file = file
         self.key = key
 

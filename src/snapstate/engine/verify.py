@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from snapstate.errors import CheckpointNotFoundError, CorruptCheckpointError
+from snapstate.format.dtypes import safetensors_entry
 from snapstate.format.integrity import verify_blocks
 from snapstate.format.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from snapstate.format.shard import parse_header
+from snapstate.format.shard import MAX_HEADER_BYTES, parse_header
 from snapstate.storage.base import Storage
 
 VERIFY_READ_BYTES = 64 << 20
@@ -22,16 +23,27 @@ def read_manifest(storage: Storage, check_files: bool = True) -> Manifest:
         raise CheckpointNotFoundError(f"no committed checkpoint at {storage.root} ({where})") from None
     if size > MAX_MANIFEST_BYTES:
         raise CorruptCheckpointError(f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} cap", file=MANIFEST)
-    manifest = parse_manifest(storage.read_bytes(MANIFEST), file=f"{storage.root}/{MANIFEST}")
+    try:
+        raw = storage.read_bytes(MANIFEST)
+    except IsADirectoryError:
+        raise CorruptCheckpointError("manifest is a directory, not a file", file=f"{storage.root}/{MANIFEST}") from None
+    manifest = parse_manifest(raw, file=f"{storage.root}/{MANIFEST}")
     if check_files:
         for path, rec in manifest.files.items():
             try:
                 actual = storage.size(path)
             except FileNotFoundError:
-                raise CorruptCheckpointError("shard file is missing", file=path) from None
+                raise CorruptCheckpointError("shard file is missing", file=path, key=keys_in_file(manifest, path)) from None
             if actual != rec.bytes:
-                raise CorruptCheckpointError(f"shard file has {actual} bytes, the manifest says {rec.bytes}", file=path)
+                raise CorruptCheckpointError(f"shard file has {actual} bytes, the manifest says {rec.bytes}", file=path, key=keys_in_file(manifest, path))
     return manifest
+
+
+def keys_in_file(manifest: Manifest, path: str, most: int = 5) -> str | None:
+    """The keys whose chunks live in ``path``, for error messages."""
+    keys = [k for k, rec in manifest.all_tensors().items() if any(c.file == path for c in rec.chunks)]
+    more = f" (+{len(keys) - most} more)" if len(keys) > most else ""
+    return ", ".join(keys[:most]) + more if keys else None
 
 
 @dataclass
@@ -55,13 +67,19 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
     """
     manifest = read_manifest(storage)
     report = VerifyReport(storage.root, files=len(manifest.files))
-    by_file: dict[str, dict[str, tuple[int, int]]] = {}
+    by_file: dict[str, dict[str, tuple[int, int, str, list[int]]]] = {}
     for key, rec in manifest.all_tensors().items():
         report.tensors += 1
         for chunk in rec.chunks:
-            by_file.setdefault(chunk.file, {})[chunk.name] = (chunk.start, chunk.end)
+            st_dtype, st_shape = safetensors_entry(rec.dtype, tuple(chunk.sizes), chunk.end - chunk.start)
+            by_file.setdefault(chunk.file, {})[chunk.name] = (chunk.start, chunk.end, st_dtype, st_shape)
     for path in manifest.files:
-        _check_header(storage, path, manifest.files[path].bytes, by_file.get(path, {}))
+        try:
+            _check_header(storage, path, manifest.files[path].bytes, by_file.get(path, {}))
+        except CorruptCheckpointError as exc:
+            if exc.key is not None:
+                raise
+            raise CorruptCheckpointError(exc.reason, file=path, key=keys_in_file(manifest, path)) from None
     for key, rec in manifest.all_tensors().items():
         for chunk in rec.chunks:
             report.chunks += 1
@@ -71,14 +89,15 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
     return report
 
 
-def _check_header(storage: Storage, path: str, size: int, expected: dict[str, tuple[int, int]]) -> None:
+def _check_header(storage: Storage, path: str, size: int, expected: dict[str, tuple[int, int, str, list[int]]]) -> None:
     prefix = storage.read_bytes(path, 0, 8)
     header_len = int.from_bytes(prefix[:8], "little") if len(prefix) == 8 else 0
-    prefix += storage.read_bytes(path, 8, min(header_len, max(size - 8, 0)))
+    # Never read more than the cap: parse_header rejects a larger size without looking at it.
+    prefix += storage.read_bytes(path, 8, min(header_len, max(size - 8, 0), MAX_HEADER_BYTES))
     parsed = parse_header(prefix, size, path)
-    for name, (start, end) in expected.items():
+    for name, (start, end, st_dtype, st_shape) in expected.items():
         entry = parsed.entries.get(name)
-        if entry is None or (entry[2], entry[3]) != (start, end):
+        if entry is None or (entry[2], entry[3], entry[0], entry[1]) != (start, end, st_dtype, st_shape):
             raise CorruptCheckpointError("shard header disagrees with the manifest", file=path, key=name)
 
 

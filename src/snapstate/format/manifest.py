@@ -11,11 +11,13 @@ from typing import Any
 from snapstate.errors import CorruptCheckpointError, UnsupportedFormatError
 from snapstate.format.dtypes import dtype_from_name, itemsize
 from snapstate.format.integrity import block_count
+from snapstate.format.tree import tree_problem
 
 FORMAT_NAME = "snapstate"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 30
+MAX_INT = (1 << 63) - 1  # sizes, offsets and byte positions must fit torch's and the OS's int64
 
 
 @dataclass
@@ -89,13 +91,13 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     """Parse and validate; every problem is a CorruptCheckpointError naming the file and key."""
     try:
         doc = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8, ints of 4300+ digits
         raise CorruptCheckpointError(f"manifest is not valid JSON: {exc}", file=file) from None
     v = _Validator(file)
     v.require(isinstance(doc, dict), "manifest is not a JSON object")
     if doc.get("format") != FORMAT_NAME:
         raise UnsupportedFormatError(f"format {doc.get('format')!r} is not {FORMAT_NAME!r}", file=file)
-    if doc.get("version") != FORMAT_VERSION:
+    if type(doc.get("version")) is not int or doc.get("version") != FORMAT_VERSION:  # not 1.0, not true
         raise UnsupportedFormatError(f"format version {doc.get('version')!r} is not supported (this library reads {FORMAT_VERSION})", file=file)
     files = {v.path(p, "files"): v.file_record(p, r) for p, r in v.mapping(doc.get("files"), "files").items()}
     world = v.integer(doc.get("world_size", 1), "world_size", minimum=1)
@@ -103,6 +105,8 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     rank_local = {v.rank(r, world): v.rank_local(r, rec, files) for r, rec in v.mapping(doc.get("rank_local", {}), "rank_local").items()}
     tree = doc.get("tree")
     v.require(isinstance(tree, dict), "tree is not an object", "tree")
+    v.trees(tree, tensors, rank_local)
+    v.disjoint([*tensors.items(), *((k, t) for r in rank_local.values() for k, t in r.tensors.items())])
     step = doc.get("step")
     v.require(step is None or (isinstance(step, int) and not isinstance(step, bool)), "step is not an integer", "step")
     return Manifest(
@@ -130,7 +134,8 @@ class _Validator:
         return value
 
     def integer(self, value: Any, key: str, minimum: int = 0) -> int:
-        self.require(isinstance(value, int) and not isinstance(value, bool) and value >= minimum, f"{value!r} is not an integer >= {minimum}", key)
+        ok = isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= MAX_INT
+        self.require(ok, f"{value!r} is not an integer in [{minimum}, 2**63)"[:200], key)
         return value
 
     def ints(self, value: Any, key: str, length: int | None = None) -> list[int]:
@@ -144,7 +149,7 @@ class _Validator:
         return value
 
     def rank(self, value: str, world: int) -> int:
-        self.require(value.isdigit() and int(value) < world, f"rank {value!r} is not below world size {world}", "rank_local")
+        self.require(value.isascii() and value.isdigit() and int(value) < world, f"rank {value!r} is not below world size {world}", "rank_local")
         return int(value)
 
     def file_record(self, path: str, rec: Any) -> FileRecord:
@@ -189,6 +194,21 @@ class _Validator:
         name = rec.get("name")
         self.require(isinstance(name, str), "chunk name is not a string", key)
         return ChunkRecord(offsets, sizes, file, name, start, end, block, digests)
+
+    def trees(self, tree: dict[str, Any], tensors: dict[str, TensorRecord], rank_local: dict[int, RankLocalRecord]) -> None:
+        problem = tree_problem(tree, tensors)
+        self.require(problem is None, str(problem), "tree")
+        for rank, rec in rank_local.items():
+            for path, sub in rec.trees.items():
+                problem = tree_problem(sub, rec.tensors)
+                self.require(problem is None, str(problem), f"rank_local/{rank}/trees/{path}")
+
+    def disjoint(self, tensors: list[tuple[str, TensorRecord]]) -> None:
+        """No two chunks share bytes: together they then hold no more than the files do, so no
+        manifest makes a load allocate more than the checkpoint's files hold."""
+        ranges = sorted((c.file, c.start, c.end, key) for key, rec in tensors for c in rec.chunks if c.end > c.start)
+        for (f1, _, end1, key1), (f2, start2, _, key2) in zip(ranges, ranges[1:]):
+            self.require(f1 != f2 or start2 >= end1, f"chunks of {key1!r} and {key2!r} share bytes of {f1}", key2)
 
     def covers(self, key: str, shape: list[int], chunks: list[ChunkRecord]) -> None:
         total = sum(math.prod(c.sizes) for c in chunks)

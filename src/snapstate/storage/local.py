@@ -21,17 +21,22 @@ class LocalFileWriter:
             data, offset = data[written:], offset + written
 
     def close(self, sync: bool = True) -> None:
+        fd, self.fd = self.fd, -1  # closed once: a second close could hit a reused fd number
+        if fd < 0:
+            return
         try:
             if sync:
-                os.fsync(self.fd)
+                os.fsync(fd)
         finally:
-            os.close(self.fd)
+            os.close(fd)
 
     def abort(self) -> None:
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
         try:
             os.unlink(self.full_path)
         except FileNotFoundError:

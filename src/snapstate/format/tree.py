@@ -1,0 +1,74 @@
+"""Validation of a manifest's structure tree (SPEC item 5), untrusted input walked without recursion."""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from typing import Any
+
+FLOAT_NAMES = ("nan", "inf", "-inf")
+NUMPY_KINDS = ("ndarray", "npscalar")
+_SINGLE = frozenset({"d", "l", "tu", "t", "v", "f", "s", "rl"})
+
+
+def tree_problem(root: Any, tensor_keys: Container[str]) -> str | None:
+    """What is wrong with ``root`` (None if nothing): a node of no known kind, a malformed one,
+    or a tensor node naming a key that ``tensor_keys`` lacks. Restoring walks only valid trees."""
+    stack: list[tuple[Any, str]] = [(root, "<root>")]
+    while stack:
+        node, where = stack.pop()
+        problem = _node_problem(node, tensor_keys, stack, where)
+        if problem:
+            return f"structure node at {where}: {problem}"
+    return None
+
+
+def _node_problem(
+    node: Any, tensor_keys: Container[str], stack: list[tuple[Any, str]], where: str
+) -> str | None:
+    if not isinstance(node, dict):
+        return f"expected an object, got {type(node).__name__}"
+    keys = set(node)
+    if keys == {"n", "k"}:
+        if node["k"] not in NUMPY_KINDS:
+            return f"unknown numpy kind {node['k']!r}"
+        return _tensor_problem(node["n"], tensor_keys)
+    if len(keys) != 1 or not keys <= _SINGLE:
+        return f"unknown kind {sorted(keys)!r}"[:200]
+    (kind,) = keys
+    value = node[kind]
+    if kind == "d":
+        return _dict_problem(value, stack, where)
+    if kind in ("l", "tu"):
+        if not isinstance(value, list):
+            return "a list node does not hold a list"
+        stack.extend((child, f"{where}/{i}") for i, child in enumerate(value))
+    elif kind == "s":
+        stack.append((value, where))
+    elif kind == "t":
+        return _tensor_problem(value, tensor_keys)
+    elif kind == "f" and value not in FLOAT_NAMES:
+        return f"float node {value!r} is not one of {FLOAT_NAMES}"[:200]
+    elif kind == "rl" and not isinstance(value, str):
+        return "rank-local node does not name a path"
+    return None
+
+
+def _dict_problem(items: Any, stack: list[tuple[Any, str]], where: str) -> str | None:
+    if not isinstance(items, list):
+        return "a dict node does not hold a list of [key, node] pairs"
+    for item in items:
+        if not isinstance(item, list) or len(item) != 2:
+            return "a dict entry is not a [key, node] pair"
+        key, child = item
+        if isinstance(key, bool) or not isinstance(key, (str, int)):
+            return f"dict key {key!r} is not a string or an integer"[:200]
+        stack.append((child, f"{where}/{key}"))
+    return None
+
+
+def _tensor_problem(key: Any, tensor_keys: Container[str]) -> str | None:
+    if not isinstance(key, str):
+        return "a tensor node does not name a key"
+    if key not in tensor_keys:
+        return f"tensor {key!r} is not in the manifest's tensors"[:200]
+    return None
