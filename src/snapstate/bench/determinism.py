@@ -90,9 +90,16 @@ def _save_params(trainer: Any, path: Path) -> None:
 
 
 def run_checks(
-    cfg: BenchConfig, methods: dict[str, int], work: Path, progress: Any
+    cfg: BenchConfig,
+    methods: dict[str, int],
+    work: Path,
+    progress: Any,
+    errors: list[dict[str, str]],
 ) -> list[DeterminismResult]:
-    """An uninterrupted reference per world size, then a kill-and-resume check per method."""
+    """An uninterrupted reference per world size, then a kill-and-resume check per method.
+
+    A check that fails goes to ``errors`` and the others still run.
+    """
     plan = cfg.determinism
     assert plan is not None
     train = {

@@ -392,6 +392,7 @@ class Snapstate(_SnapstateBase):
     def _start(self, trainer: Trainer, path: Path, pending: Pending) -> None:
         import snapstate as ss
 
+        trainer.sync_buffers()  # snapstate checks that replicas agree; DDP buffers do only after sync
         result = ss.save(self.state(trainer), str(path))
         pending.extra.update(_result_timings(result))
         pending.finish()
@@ -412,6 +413,7 @@ class SnapstateAsync(_SnapstateBase):
     def _start(self, trainer: Trainer, path: Path, pending: Pending) -> None:
         import snapstate as ss
 
+        trainer.sync_buffers()
         handle = ss.async_save(self.state(trainer), str(path))
         threading.Thread(target=_finish_when_done, args=(handle, pending), daemon=True).start()
 

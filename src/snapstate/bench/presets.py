@@ -63,13 +63,14 @@ PRESETS: dict[str, BenchConfig] = {
     ),
     "demo": BenchConfig(
         preset="demo",
-        models=("resnet18:w=0.5", "gpt:p=3M"),
+        # Small compute, tens of MB of state: checkpoint costs show next to 2-core step times.
+        models=("resnet18:w=0.5", "gpt:l=2,d=256,v=8192,t=32"),
         ranks=(1, 2),
-        steps=12,
-        every=4,
+        steps=8,
+        every=3,
         repeats=3,
-        batch=16,
-        determinism=DeterminismPlan(ALL_METHODS, "resnet18:w=0.25", ranks=2, steps=12, every=4),
+        batch=8,
+        determinism=DeterminismPlan(ALL_METHODS, "resnet18:w=0.5", ranks=2, steps=10, every=4),
         timeout_s=900.0,
     ),
     "study": BenchConfig(

@@ -79,6 +79,17 @@ def det_label(value: bool | None) -> str:
     return {True: "yes (bitwise)", False: "no", None: "not checked"}[value]
 
 
+def det_cell(doc: dict[str, Any], row: Row) -> str:
+    """The record's own verdict, else the method's check on another model or world size."""
+    if row["deterministic"] is not None:
+        return det_label(row["deterministic"])
+    for c in doc.get("determinism", []):
+        if c["method"] == row["method"]:
+            verdict = "yes" if c["params_identical"] and c["losses_identical"] else "no"
+            return f"{verdict} ({c['model']}, {c['ranks']} rank{'s' if c['ranks'] > 1 else ''})"
+    return det_label(None)
+
+
 def largest_ranks(records: list[Row]) -> int:
     return max((r["ranks"] for r in records), default=1)
 
@@ -113,7 +124,7 @@ def main_table(doc: dict[str, Any]) -> str:
                 fmt_x(med(rs, redundancy)),
                 f"{med(rs, lambda r: hotspot(r['bytes_per_rank'])):.2f}",
                 spread(rs, "load_s", fmt_s),
-                det_label(rs[0]["deterministic"]),
+                det_cell(doc, rs[0]),
             ]
         )
     header = [

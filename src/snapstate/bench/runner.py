@@ -87,9 +87,12 @@ def train_config(cfg: BenchConfig, model: str) -> TrainConfig:
     )
 
 
-def plan_runs(cfg: BenchConfig) -> list[tuple[str, int, int]]:
-    """(model, ranks, repeat) for every measurement run, repeats outermost so drift spreads evenly."""
-    return [(m, n, r) for r in range(cfg.repeats) for m in cfg.models for n in cfg.ranks]
+def plan_runs(cfg: BenchConfig) -> list[tuple[int, int]]:
+    """(ranks, repeat) of every launch, repeats outermost so drift spreads evenly.
+
+    One launch measures every model in turn: starting ranks costs seconds on a small machine.
+    """
+    return [(n, r) for r in range(cfg.repeats) for n in cfg.ranks]
 
 
 def measure_job(
@@ -108,13 +111,13 @@ def measure_job(
     )
 
 
-def run_measurement(
-    job: MeasureJob, world: int, work: Path, tag: str, timeout_s: float
-) -> dict[str, Any]:
+def run_measurements(
+    jobs: list[MeasureJob], world: int, work: Path, tag: str, timeout_s: float
+) -> None:
+    """Launch ``world`` ranks that run the jobs one after the other."""
     job_file = work / f"{tag}.job.json"
-    job_file.write_text(json.dumps(job.to_dict()))
-    launch.run(job_file, world, work / f"logs-{tag}", timeout_s)
-    return json.loads(Path(job.result_file).read_text())
+    job_file.write_text(json.dumps({"kind": "measure-batch", "jobs": [j.to_dict() for j in jobs]}))
+    launch.run(job_file, world, work / f"logs-{tag}", timeout_s * len(jobs))
 
 
 def new_document(cfg: BenchConfig, blocked: Blocked) -> dict[str, Any]:
@@ -141,15 +144,16 @@ def run_bench(
     doc = new_document(cfg, blocked)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    runs = [r for r in plan_runs(cfg) if runnable(cfg, r[1], blocked)]
+    runs = [r for r in plan_runs(cfg) if runnable(cfg, r[0], blocked)]
     det = determinism_worlds(cfg, blocked)
     progress.begin(len(runs) + (len(det) + len(set(det.values())) if det else 0))
     for (name, world), reason in blocked.items():
         progress.note(f"{name} on {world} rank(s): skipped, {reason}")
-    for model, world, repeat in runs:
-        tag = f"{_safe(model)}-n{world}-r{repeat}"
-        _measure_into(doc, cfg, runnable(cfg, world, blocked), (model, world, repeat), work, tag)
-        progress.advance(f"{model} on {world} rank(s), repeat {repeat + 1}/{cfg.repeats}")
+    for world, repeat in runs:
+        _measure_into(doc, cfg, runnable(cfg, world, blocked), (world, repeat), work)
+        progress.advance(
+            f"{len(cfg.models)} model(s) on {world} rank(s), repeat {repeat + 1}/{cfg.repeats}"
+        )
         write_results(doc, out / "results.json")  # partial results survive an interrupted sweep
     if det:
         _determinism_into(doc, cfg, det, work / "determinism", progress)
@@ -163,17 +167,29 @@ def _measure_into(
     doc: dict[str, Any],
     cfg: BenchConfig,
     methods: list[str],
-    run: tuple[str, int, int],
+    run: tuple[int, int],
     work: Path,
-    tag: str,
 ) -> None:
-    model, world, repeat = run
+    world, repeat = run
+    tag = f"n{world}-r{repeat}"
+    jobs = [measure_job(cfg, methods, m, repeat, work, f"{_safe(m)}-{tag}") for m in cfg.models]
     try:
-        job = measure_job(cfg, methods, model, repeat, work, tag)
-        raw = run_measurement(job, world, work, tag, cfg.timeout_s)
-        doc["records"] += [asdict(r) for r in records_from_run(raw, model, repeat, doc["methods"])]
-    except (launch.WorkerError, OSError, KeyError, ValueError) as e:
+        run_measurements(jobs, world, work, tag, cfg.timeout_s)
+    except launch.WorkerError as e:
         doc["errors"].append({"run": tag, "error": str(e)[-4000:]})
+    for model, job in zip(cfg.models, jobs, strict=True):
+        _collect(doc, job, model, repeat, tag)
+
+
+def _collect(doc: dict[str, Any], job: MeasureJob, model: str, repeat: int, tag: str) -> None:
+    """Records from one model's result file (absent when its run failed)."""
+    try:
+        raw = json.loads(Path(job.result_file).read_text())
+        doc["records"] += [asdict(r) for r in records_from_run(raw, model, repeat, doc["methods"])]
+    except FileNotFoundError:
+        pass  # the launch's error is already recorded
+    except (OSError, KeyError, ValueError) as e:
+        doc["errors"].append({"run": f"{_safe(model)}-{tag}", "error": str(e)[-4000:]})
 
 
 def determinism_worlds(cfg: BenchConfig, blocked: Blocked) -> dict[str, int]:
@@ -199,7 +215,7 @@ def _determinism_into(
 
     assert cfg.determinism is not None
     try:
-        checks = run_checks(cfg, methods, work, progress)
+        checks = run_checks(cfg, methods, work, progress, doc["errors"])
         doc["determinism"] = [c.to_dict() for c in checks]
     except (launch.WorkerError, OSError, ValueError) as e:
         doc["errors"].append({"run": "determinism", "error": str(e)[-4000:]})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -210,6 +211,14 @@ def load_job(path: str) -> dict[str, Any]:
         return json.load(f)
 
 
+def run_job(job: MeasureJob, rank: int, world: int) -> None:
+    """One model's measurement; rank 0 writes the result file."""
+    result = measure_on_rank(job, rank, world)
+    if result is not None:
+        Path(job.result_file).write_text(json.dumps(result))
+    gc.collect()  # the next model starts from a clean heap
+
+
 def main(argv: list[str]) -> int:
     """Entry point of one rank: ``python -m snapstate.bench.worker JOB.json``."""
     warnings.filterwarnings("ignore", message=".*set_vital.*")
@@ -218,11 +227,9 @@ def main(argv: list[str]) -> int:
     set_threads(world)
     init_distributed(rank, world)
     try:
-        if raw["kind"] == "measure":
-            job = MeasureJob(**{**raw, "train": TrainConfig(**raw["train"])})
-            result = measure_on_rank(job, rank, world)
-            if result is not None:
-                Path(job.result_file).write_text(json.dumps(result))
+        if raw["kind"] == "measure-batch":
+            for spec in raw["jobs"]:
+                run_job(MeasureJob(**{**spec, "train": TrainConfig(**spec["train"])}), rank, world)
         else:
             from snapstate.bench.determinism import train_on_rank
 
