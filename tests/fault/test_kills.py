@@ -142,23 +142,28 @@ def _random_kills(server: ForkServer, tmp_path: Path, rounds: int, seed: int) ->
     root, work = _paths(tmp_path)
     rng = random.Random(seed)
     latest: int | None = None
-    commits = 0
+    rounds_with_commits = 0
     for i in range(rounds):
         mode = ("manager", "async", "save")[i % 3]
         first = None if mode == "manager" else _next_step(root)
         run = Run(root, work, mode, first=first, steps=5)
         delay = rng.uniform(0.0, 1.8)
+        # Every other round counts the delay from the first commit, so that however slow the
+        # machine, half the kills land after a commit, in the middle of later saves.
+        anchor = "ready" if i % 2 == 0 else "committed"
         pid = server.start(run.describe())
         try:
             wait_for(
-                lambda r=run, p=pid: "ready" in r.log() or not _alive(p),
+                lambda r=run, p=pid, a=anchor: (
+                    any(x.startswith(a) for x in r.log()) or not _alive(p)
+                ),
                 SIGNAL_TIMEOUT,
-                "the saver to start",
+                f"the saver's first {anchor!r} line",
             )
             time.sleep(delay)
         finally:
             server.kill(pid)
-        context = f"round {i} ({mode}, killed {delay:.3f}s after start), log {run.log()}"
+        context = f"round {i} ({mode}, killed {delay:.3f}s after {anchor!r}), log {run.log()}"
         assert not run.errors(), context
         if mode == "manager" and latest is not None:
             assert f"restored {latest} ok" in run.log(), context
@@ -166,11 +171,12 @@ def _random_kills(server: ForkServer, tmp_path: Path, rounds: int, seed: int) ->
         assert set(run.committed()) <= set(report.committed), context
         if latest is not None:
             assert latest in report.committed, f"an earlier checkpoint vanished: {context}"
-        commits += len(set(report.committed) - ({latest} if latest is not None else set()))
+        new = [s for s in report.committed if latest is None or s > latest]
+        rounds_with_commits += bool(new)
         latest = recover(root, report)
         prune(root, keep=2)
-    assert commits >= rounds // 3, (
-        f"only {commits} commits in {rounds} rounds: the kills came too early to test much"
+    assert rounds_with_commits >= rounds // 2, (
+        f"only {rounds_with_commits} of {rounds} rounds committed anything"
     )
 
 
@@ -185,4 +191,4 @@ def test_random_kills(server: ForkServer, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_random_kills_long(server: ForkServer, tmp_path: Path) -> None:
-    _random_kills(server, tmp_path, rounds=90, seed=int(time.time()))
+    _random_kills(server, tmp_path, rounds=60, seed=int(time.time()))
