@@ -66,3 +66,15 @@ def test_synthetic_data_is_fixed_by_seed() -> None:
     assert len(ImageDataset(a, la)) == 16
     tokens = synthetic_tokens(4, block=8, vocab=32, seed=0)
     assert tokens.shape == (4, 9) and tokens.max() < 32
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_training_reads_cifar_from_data_dir(tmp_path: Path) -> None:
+    from snapstate.bench.train import TrainConfig, Trainer
+
+    images = np.random.default_rng(0).integers(0, 256, size=(16, 3, 32, 32), dtype=np.uint8)
+    write_official(tmp_path / "data_batch_1.bin", [i % 10 for i in range(16)], images)
+    cfg = TrainConfig(model="resnet18:w=0.0625", batch=4, samples=16, data_dir=str(tmp_path))
+    trainer = Trainer(cfg, rank=0, world=1)
+    assert len(trainer.loader.dataset) == 16
+    assert np.isfinite(trainer.train_step())

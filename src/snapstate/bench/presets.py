@@ -30,7 +30,7 @@ class BenchConfig:
     steps: int = 12
     every: int = 4
     repeats: int = 3
-    warmup: int = 2
+    warmup: int = 3
     batch: int = 16
     samples: int = 2048
     seed: int = 0

@@ -328,8 +328,9 @@ def rq5(doc: dict[str, Any]) -> str:
     ]
     return _section(
         f"RQ5 — model size and architecture ({_ranks_title(doc)})",
-        "RSS added is the peak resident memory while checkpointing above the peak of the same "
-        "training without checkpoints (largest rank).",
+        "RSS added: how much more the resident memory rose while training with checkpoints "
+        "than while training without them (largest rank); memory a method keeps between "
+        "saves (staging pools) counts from its first save.",
         table(header, rows),
     )
 
@@ -370,9 +371,9 @@ def notes_section(doc: dict[str, Any]) -> str:
     cfg = doc["config"]
     lines = [
         f"- Every method runs in the same processes on the same clock: {cfg['steps']} steps per "
-        f"segment, a checkpoint every {cfg['every']} steps (not at the last step), each after a "
-        "no-checkpoint baseline segment; a second baseline closes the run, and the method order "
-        "rotates between repeats.",
+        f"segment, a checkpoint every {cfg['every']} steps (not at the last step); the baseline "
+        "is the median of three segments without checkpoints (before, between and after the "
+        "methods), and the method order rotates between repeats.",
         "- Times are medians over the checkpoints of a run, then median [min–max] over repeats. "
         "A save is timed from the call until its bytes are durable (every method fsyncs).",
         "- Loads read the last checkpoint after its pages were dropped from the page cache.",
@@ -398,7 +399,8 @@ def header_section(doc: dict[str, Any]) -> str:
 
 def _section(title: str, text: str, body: str, *images: str) -> str:
     pics = "".join(f"\n\n![{i}]({i})" for i in images)
-    return f"## {title}\n\n{text}\n\n{body}{pics}\n".replace("\n\n\n", "\n\n")
+    parts = [f"## {title}", text, body.strip("\n") + pics]
+    return "\n\n".join(p for p in parts if p) + "\n"
 
 
 def render_markdown(doc: dict[str, Any]) -> str:

@@ -158,9 +158,11 @@ def _baseline(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     segs = [r["baseline"] for r in ranks]
     train_s = [max(s[i]["train_s"] for s in segs) for i in range(len(segs[0]))]
     return {
-        "train_s": sum(train_s) / len(train_s),
+        "train_s": median(train_s),
         "step_s": max(median([t for seg in s for t in seg["step_s"]]) for s in segs),
-        "peak": [max(seg["peak_rss"] for seg in s) for s in segs],
+        # How far training alone lifts the resident size above the window's start: the
+        # first baseline, before any method kept buffers alive.
+        "rise": [s[0]["peak_rss"] - s[0]["start_rss"] for s in segs],
     }
 
 
@@ -192,7 +194,8 @@ def _method_record(
         peak_rss_bytes=max(s["peak_rss"] for s in segs),
         deterministic=None,
         rss_added_bytes=max(
-            max(0, s["peak_rss"] - p) for s, p in zip(segs, base["peak"], strict=True)
+            max(0, s["peak_rss"] - s["start_rss"] - rise)
+            for s, rise in zip(segs, base["rise"], strict=True)
         ),
         baseline_step_s=base["step_s"],
         train_s=train_s,
