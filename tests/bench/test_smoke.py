@@ -50,7 +50,11 @@ def test_every_method_ran_or_says_why(smoke: tuple[Path, dict[str, Any]]) -> Non
 
 def test_blocking_never_exceeds_total_save_time(smoke: tuple[Path, dict[str, Any]]) -> None:
     _, doc = smoke
+    cfg = doc["config"]
     for r in doc["records"]:
+        assert (
+            r["checkpoints"] == (cfg["steps"] - 1) // cfg["every"]
+        )  # older ones pruned on the way
         assert 0 < r["blocking_s"] <= r["save_s"], r["method"]
         for b, s in zip(r["blocking_s_all"], r["save_s_all"], strict=True):
             assert b <= s

@@ -52,7 +52,7 @@ PRESETS: dict[str, BenchConfig] = {
         preset="smoke",
         models=("resnet18:w=0.125",),
         ranks=(1, 2),
-        steps=5,
+        steps=7,  # three checkpoints, so pruning of old ones runs too
         every=2,
         repeats=1,
         warmup=1,

@@ -236,9 +236,10 @@ def _safe(name: str) -> str:
 
 def run_inplace(cfg: BenchConfig, out: Path, rank: int, world: int) -> dict[str, Any] | None:
     """Under torchrun or srun: this process is one rank; run every model here, rank 0 reports."""
-    from snapstate.bench.train import init_distributed, set_threads
+    from snapstate.bench.train import init_distributed, quiet_known_warnings, set_threads
     from snapstate.bench.worker import measure_on_rank
 
+    quiet_known_warnings()
     set_threads(world)
     init_distributed(rank, world, cfg.timeout_s)
     blocked = find_blocked(cfg.methods, {world})
@@ -259,6 +260,7 @@ def run_inplace(cfg: BenchConfig, out: Path, rank: int, world: int) -> dict[str,
                 ]
     if rank != 0:
         return None
+    shutil.rmtree(work, ignore_errors=True)
     doc["notes"] = [
         "determinism was not checked: under torchrun/srun the harness cannot kill and relaunch its ranks"
     ]

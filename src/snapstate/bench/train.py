@@ -167,6 +167,13 @@ def init_distributed(rank: int, world: int, timeout_s: float = 300.0) -> None:
     )
 
 
+def quiet_known_warnings() -> None:
+    """Silence torchdata's deprecation notice that every loader iteration would print."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=".*set_vital.*")
+
+
 def set_threads(world: int) -> None:
     """Share the cores among the ranks so two ranks on two cores do not fight."""
     cores = (

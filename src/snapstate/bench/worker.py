@@ -7,7 +7,6 @@ import json
 import os
 import shutil
 import sys
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,13 @@ import torch.distributed as dist
 
 from snapstate.bench.measure import PeakRSS, now, walk_files, write_fsync_seconds
 from snapstate.bench.methods import Method, Pending, get_method
-from snapstate.bench.train import TrainConfig, Trainer, init_distributed, set_threads
+from snapstate.bench.train import (
+    TrainConfig,
+    Trainer,
+    init_distributed,
+    quiet_known_warnings,
+    set_threads,
+)
 
 
 @dataclass
@@ -51,6 +56,9 @@ class Segment:
     paths: list[str] = field(default_factory=list)
 
 
+KEEP_CHECKPOINTS = 2
+
+
 def barrier() -> None:
     if dist.is_initialized():
         dist.barrier()
@@ -67,8 +75,8 @@ def rotate(items: list[str], by: int) -> list[str]:
 def run_segment(trainer: Trainer, job: MeasureJob, method: Method | None, root: Path) -> Segment:
     """Train ``job.steps`` steps; checkpoint every ``job.every`` steps strictly before the last."""
     barrier()
-    pendings: list[tuple[Pending, float]] = []
-    steps, paths = [], []
+    saves: list[tuple[Pending, float]] = []
+    steps, paths, off_clock = [], [], 0.0
     with PeakRSS() as rss:
         start = now()
         for i in range(1, job.steps + 1):
@@ -76,22 +84,44 @@ def run_segment(trainer: Trainer, job: MeasureJob, method: Method | None, root: 
             trainer.train_step()
             steps.append(now() - t)
             if method is not None and i % job.every == 0 and i < job.steps:
-                path = root / f"step-{trainer.step:09d}"
-                t = now()
-                pending = method.save(trainer, path)
-                pendings.append((pending, now() - t))
-                paths.append(str(path))
-        train_s = now() - start
+                paths.append(str(root / f"step-{trainer.step:09d}"))
+                saves.append(timed_save(method, trainer, Path(paths[-1])))
+                off_clock += prune(paths, KEEP_CHECKPOINTS, trainer.rank)
+        train_s = now() - start - off_clock
         # The last persist finishes off the clock: the segment ends with the last step.
         if method is not None:
             method.wait()
     barrier()
     seg = Segment(train_s, steps, peak_rss=rss.peak, start_rss=rss.start_rss, paths=paths)
-    for p, blocking in pendings:
+    for p, blocking in saves:
         seg.blocking_s.append(blocking)
         seg.save_s.append(max(p.save_s, blocking))
         seg.extra.append(p.extra)
     return seg
+
+
+def timed_save(method: Method, trainer: Trainer, path: Path) -> tuple[Pending, float]:
+    """Start a save; (its pending completion, how long training was blocked)."""
+    t = now()
+    pending = method.save(trainer, path)
+    return pending, now() - t
+
+
+def prune(paths: list[str], keep: int, rank: int) -> float:
+    """Delete all but the newest ``keep`` checkpoints (off the clock); returns the time it took.
+
+    A method's save waits for its previous one, so every checkpoint but the newest is
+    complete: deleting older ones keeps big sweeps within the disk.
+    """
+    old = [p for p in paths[:-keep] if Path(p).exists()] if rank == 0 else []
+    if len(paths) <= keep:
+        return 0.0
+    start = now()
+    barrier()
+    for p in old:
+        shutil.rmtree(p, ignore_errors=True)
+    barrier()
+    return now() - start
 
 
 def evict_from_cache(path: Path) -> None:
@@ -222,7 +252,7 @@ def run_job(job: MeasureJob, rank: int, world: int) -> None:
 
 def main(argv: list[str]) -> int:
     """Entry point of one rank: ``python -m snapstate.bench.worker JOB.json``."""
-    warnings.filterwarnings("ignore", message=".*set_vital.*")
+    quiet_known_warnings()
     raw = load_job(argv[0])
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     set_threads(world)
