@@ -40,8 +40,6 @@ class TrainJob:
 
 def train_on_rank(raw: dict[str, Any], rank: int, world: int) -> None:
     """Train to ``steps``; log rank 0's loss each step; checkpoint, or resume, as the job says."""
-    import torch.distributed as dist
-
     from snapstate.bench.train import TrainConfig, Trainer
 
     job = TrainJob(**raw)
@@ -62,12 +60,7 @@ def train_on_rank(raw: dict[str, Any], rank: int, world: int) -> None:
             and not job.resume_from
             and trainer.step % job.every == 0
         ):
-            method.save(trainer, Path(job.ckpt_dir) / f"step-{trainer.step:09d}")
-            if trainer.step == job.kill_after:
-                method.wait()
-                dist.barrier()
-                if rank == 0:
-                    (out / MARKER).write_text(str(trainer.step))
+            checkpoint(method, trainer, job, out)
     if job.kill_after is not None:
         time.sleep(KILL_WAIT_S)  # the parent kills this process; finishing normally is a failure
         raise SystemExit("expected to be killed")
@@ -75,6 +68,20 @@ def train_on_rank(raw: dict[str, Any], rank: int, world: int) -> None:
         method.close()
     if rank == 0:
         _save_params(trainer, out / PARAMS)
+
+
+def checkpoint(method: Any, trainer: Any, job: TrainJob, out: Path) -> None:
+    """Save; at the kill step wait until it is durable, then tell the parent (which kills us)."""
+    import torch.distributed as dist
+
+    method.save(trainer, Path(job.ckpt_dir) / f"step-{trainer.step:09d}")
+    if trainer.step != job.kill_after:
+        return
+    method.wait()
+    if dist.is_initialized():
+        dist.barrier()
+    if trainer.rank == 0:
+        (out / MARKER).write_text(str(trainer.step))
 
 
 def _save_params(trainer: Any, path: Path) -> None:
