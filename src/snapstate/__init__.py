@@ -15,6 +15,7 @@ from snapstate.errors import (
     CheckpointWorkerError,
     CorruptCheckpointError,
     IncompatibleStateError,
+    ReplicaMismatchError,
     UnsupportedFormatError,
 )
 from snapstate.format.manifest import Manifest
@@ -41,6 +42,7 @@ __all__ = [
     "PlanOptions",
     "RNGState",
     "RankLocal",
+    "ReplicaMismatchError",
     "SaveHandle",
     "SaveOptions",
     "SaveResult",

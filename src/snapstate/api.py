@@ -13,7 +13,7 @@ from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.save import SaveOptions, start_save
 from snapstate.engine.staging import HostBufferPool
 from snapstate.engine.verify import VerifyReport, read_manifest, verify_checkpoint
-from snapstate.errors import IncompatibleStateError, StateMismatch
+from snapstate.errors import CheckpointError, IncompatibleStateError, StateMismatch
 from snapstate.format.manifest import Manifest
 from snapstate.storage.base import Storage, storage_for
 
@@ -75,23 +75,34 @@ def async_save(
 
 def load(
     state: Any, path: PathLike, *, strict: bool = True, process_group: Any = None,
-    rank_local: Literal["load", "skip"] = "load", timeout: float | None = None,
+    rank_local: Literal["load", "skip"] = "load", timeout: float | None = None, read_once: bool = True,
 ) -> LoadResult:
     """Fill ``state`` in place from the checkpoint at ``path``.
 
     Tensors are copied into the state's tensors, Stateful objects get ``load_state_dict``,
     plain values are replaced. Keys the checkpoint has and the state lacks are ignored.
+    Collective when torch.distributed is initialized: with ``read_once`` (the default) bytes
+    that several ranks need (replicated tensors) are read by one rank and sent to the others;
+    ``read_once=False`` lets every rank read what it needs for itself.
     """
     storage = storage_for(path)
-    manifest = read_manifest(storage)
     coord = default_coordinator(process_group)
+    try:
+        manifest = read_manifest(storage)
+    except CheckpointError as exc:
+        if coord.world_size > 1 and read_once:  # the others are entering the load's collective: fail them too
+            from snapstate.dist.loadshare import fail_together, transport_ok
+
+            if transport_ok(coord):
+                fail_together(coord, exc)
+        raise
     rank = coord.rank if rank_local == "load" else None
     if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
         raise IncompatibleStateError(
             storage.root,
             [StateMismatch("<rank-local>", f"saved on {manifest.world_size} ranks, loading on {coord.world_size}; pass rank_local='skip' to leave rank-local state as it is")],
         )
-    return load_into(state, storage, manifest, rank, strict=strict)
+    return load_into(state, storage, manifest, rank, strict=strict, coord=coord, read_once=read_once)
 
 
 def verify(path: PathLike) -> VerifyReport:

@@ -8,6 +8,7 @@ Every error snapstate raises on purpose derives from ``CheckpointError``, so one
      ├── CorruptCheckpointError (also ValueError)           bytes or manifest fail validation
      │    └── UnsupportedFormatError                         unknown format name or version
      ├── IncompatibleStateError (also ValueError)           target state does not match the checkpoint
+     ├── ReplicaMismatchError (also ValueError)             replicas of a tensor differ across ranks at save
      ├── CheckpointTimeoutError (also TimeoutError)         a rank did not arrive in time
      ├── CheckpointExistsError (also FileExistsError)       refusing to overwrite a committed checkpoint
      ├── CheckpointLockedError                              another manager holds the root
@@ -68,6 +69,10 @@ class IncompatibleStateError(CheckpointError, ValueError):
     @property
     def missing(self) -> list[str]:
         return [m.key for m in self.mismatches if m.problem.startswith("missing")]
+
+
+class ReplicaMismatchError(CheckpointError, ValueError):
+    """Ranks that should hold identical copies of a tensor (DDP replicas) hold different bytes."""
 
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):

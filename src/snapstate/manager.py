@@ -96,7 +96,8 @@ class CheckpointManager:
         if step is not None:
             api.load(state, self.path(step), strict=strict, process_group=self.process_group)
             return step
-        for candidate in reversed(self.steps()):
+        steps = self.steps() if self.coord.world_size == 1 else self.coord.all_gather(self.steps())[0]
+        for candidate in reversed(steps):  # rank 0's listing: every rank tries the same steps in the same order
             error = self._try_load(state, candidate, strict)
             if error is None:
                 return candidate

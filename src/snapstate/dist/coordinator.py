@@ -1,9 +1,10 @@
 """The coordinator: every collective snapstate runs goes through one object.
 
 Foreground steps (``all_gather``) run on the caller's thread, where collectives are safe;
-an exception on one rank is raised on every rank with that rank's traceback, so nobody
-hangs. Background steps (``publish``/``await_keys``) use a key-value store, never the
-training process group: the commit of an async save happens off the main thread.
+an exception on one rank is raised on every rank (the failing rank raises its own error,
+the others a CheckpointWorkerError with its traceback), so nobody hangs. Background steps
+(``publish``, ``await_keys``, ``add``...) use a key-value store, never the training process
+group: the commit of an async save happens off the main thread.
 """
 
 from __future__ import annotations
@@ -28,6 +29,20 @@ class Coordinator(Protocol):
     def publish(self, key: str, value: str) -> None: ...
 
     def await_keys(self, keys: list[str], timeout: float) -> list[str]: ...
+
+    def missing(self, keys: list[str]) -> list[str]: ...
+
+    def add(self, key: str, amount: int) -> int: ...
+
+    def delete_keys(self, keys: list[str]) -> None: ...
+
+
+class KeysTimeoutError(CheckpointTimeoutError):
+    """``await_keys`` ran out of time; ``missing`` lists the keys that never appeared."""
+
+    def __init__(self, message: str, missing: list[str]) -> None:
+        super().__init__(message)
+        self.missing = missing
 
 
 class LocalCoordinator:
@@ -54,15 +69,36 @@ class LocalCoordinator:
             while True:
                 missing = [k for k in keys if k not in self._store]
                 if not missing:
-                    return [self._store.pop(k) for k in keys]
+                    return [self._store[k] for k in keys]
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise CheckpointTimeoutError(f"timed out after {timeout}s waiting for {missing}")
+                    raise KeysTimeoutError(
+                        f"timed out after {timeout}s waiting for {missing}", missing
+                    )
                 self._cond.wait(left)
+
+    def missing(self, keys: list[str]) -> list[str]:
+        with self._cond:
+            return [k for k in keys if k not in self._store]
+
+    def add(self, key: str, amount: int) -> int:
+        with self._cond:
+            value = int(self._store.get(key, "0")) + amount
+            self._store[key] = str(value)
+            return value
+
+    def delete_keys(self, keys: list[str]) -> None:
+        with self._cond:
+            for k in keys:
+                self._store.pop(k, None)
 
 
 def gather_or_raise(coord: Coordinator, work: Callable[[], T]) -> list[T]:
-    """Run ``work`` here, gather every rank's result; any rank's error is raised on all."""
+    """Run ``work`` here, gather every rank's result; any rank's error is raised on all.
+
+    The rank that failed raises its own exception (its type is what callers expect, e.g.
+    IncompatibleStateError); the other ranks raise CheckpointWorkerError naming it.
+    """
     mine: Exception | None = None
     try:
         outcome: tuple[str, Any] = ("ok", work())
@@ -72,9 +108,11 @@ def gather_or_raise(coord: Coordinator, work: Callable[[], T]) -> list[T]:
     if coord.world_size == 1 and mine is not None:
         raise mine
     gathered = coord.all_gather(outcome)
+    if mine is not None:
+        raise mine
     failures = [RankFailure(r, o[1][0], o[1][1]) for r, o in enumerate(gathered) if o[0] == "error"]
     if failures:
-        raise CheckpointWorkerError(failures) from mine
+        raise CheckpointWorkerError(failures)
     return [o[1] for o in gathered]
 
 

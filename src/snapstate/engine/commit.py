@@ -15,7 +15,10 @@ from typing import Any
 
 import torch
 
+from snapstate.dist.barrier import OK, StoreBarrier, describe, raise_for
 from snapstate.dist.coordinator import Coordinator
+from snapstate.dist.replicas import check_markers
+from snapstate.dist.trees import merge_trees
 from snapstate.errors import CheckpointError, CheckpointTimeoutError
 from snapstate.format.manifest import (
     MANIFEST,
@@ -26,6 +29,7 @@ from snapstate.format.manifest import (
     TensorRecord,
 )
 from snapstate.planning.items import ItemMeta, SavePlan
+from snapstate.planning.replicas import ReplicaGroup
 from snapstate.storage.base import Storage
 
 MARKERS = ".markers"
@@ -45,6 +49,7 @@ def read_markers(storage: Storage, world_size: int) -> list[dict[str, Any]]:
 
 def assemble_manifest(plan: SavePlan, markers: list[dict[str, Any]], tree: dict[str, Any], step: int | None, timings: dict[str, Any]) -> Manifest:
     """Pure: the manifest from the plan and what every rank reported."""
+    tree = merge_trees(tree, [m["tree"] for m in markers if "tree" in m])  # ranks whose structure differs
     tensors = {key: _record(meta, markers[0]["kinds"].get(key, "tensor")) for key, meta in plan.metas.items()}
     rank_local: dict[int, RankLocalRecord] = {}
     files: dict[str, FileRecord] = {}
@@ -87,42 +92,44 @@ def _versions() -> dict[str, str]:
     return {"snapstate": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
-def commit_keys(save_id: str, world_size: int) -> list[str]:
-    return [f"snapstate/{save_id}/done/{r}" for r in range(world_size)]
-
-
 def finish_rank(
-    coord: Coordinator, storage: Storage, save_id: str, plan: SavePlan, tree: dict[str, Any], step: int | None, timeout: float
+    coord: Coordinator, storage: Storage, save_id: str, plan: SavePlan, tree: dict[str, Any], step: int | None, timeout: float,
+    replicas: list[ReplicaGroup] | None = None,
 ) -> float:
-    """After this rank's marker is written: commit (coordinator) or wait for the commit."""
+    """After this rank's marker is written: arrive, then commit (coordinator) or wait for the commit.
+
+    Runs in the background of async saves, so it talks through the store (``StoreBarrier``),
+    never a collective; a rank that does not arrive within ``timeout`` means no manifest and
+    a CheckpointTimeoutError naming it on every other rank.
+    """
     started = time.perf_counter()
-    commit_key = f"snapstate/{save_id}/commit"
-    if coord.rank == 0:
-        try:
-            outcome = coord.await_keys(commit_keys(save_id, coord.world_size), timeout)
-            failed = [f"rank {r}: {o}" for r, o in enumerate(outcome) if o != "ok"]
-            if failed:
-                raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
-            manifest = assemble_manifest(plan, read_markers(storage, coord.world_size), tree, step, {"commit_started": time.time()})
-            storage.write_atomic(MANIFEST, manifest.to_json())
-            storage.remove_tree(MARKERS)
-        except BaseException as exc:
-            if coord.world_size > 1:
-                coord.publish(commit_key, f"error: {exc}")
-            raise
-        if coord.world_size > 1:
-            coord.publish(commit_key, "ok")
-    else:
-        (verdict,) = coord.await_keys([commit_key], timeout)
-        if verdict != "ok":
-            raise CheckpointError(f"checkpoint {storage.root} was not committed: {verdict}")
+    barrier = StoreBarrier(coord, save_id)
+    barrier.arrive()
+    if coord.rank != barrier.root:
+        raise_for(barrier.wait_decision(timeout), f"checkpoint {storage.root}")
+        return time.perf_counter() - started
+    arrived: dict[int, str] = {}
+    try:
+        arrived = dict(enumerate(barrier.wait_arrivals(timeout)))
+        failed = [f"rank {r}: {o}" for r, o in arrived.items() if o != OK]
+        if failed:
+            raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
+        markers = read_markers(storage, coord.world_size)
+        check_markers(replicas or [], markers)  # replicas that diverged: ReplicaMismatchError, no commit
+        manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
+        storage.write_atomic(MANIFEST, manifest.to_json())
+        storage.remove_tree(MARKERS)
+    except BaseException as exc:
+        barrier.decide(describe(exc), getattr(exc, "arrived", arrived), wait=timeout)  # the ranks waiting hear why
+        raise
+    barrier.decide(OK, arrived, wait=timeout)  # return once every rank knows the outcome
     return time.perf_counter() - started
 
 
 def report_failure(coord: Coordinator, save_id: str, exc: BaseException) -> None:
     """Tell the coordinator this rank will not arrive, so it fails fast instead of timing out."""
     try:
-        coord.publish(commit_keys(save_id, coord.world_size)[coord.rank], f"error: {type(exc).__name__}: {exc}")
+        StoreBarrier(coord, save_id).arrive(describe(exc))
     except Exception:  # noqa: BLE001 - the store itself may be gone; the timeout then applies
         pass
 

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from snapstate.dist.coordinator import Coordinator
 from snapstate.engine.staging import bits_view, byte_view
 from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, SkippedKeys
 from snapstate.format.dtypes import dtype_from_name
@@ -37,8 +38,9 @@ class LoadResult:
     """What a load did; ``skipped`` lists what a non-strict load left untouched."""
 
     path: str
-    bytes_read: int = 0
+    bytes_read: int = 0  # from storage, by this rank
     seconds: float = 0.0
+    bytes_received: int = 0  # from other ranks that read shared bytes once for all (distributed loads)
     skipped: SkippedKeys = field(default_factory=SkippedKeys)
 
 
@@ -62,8 +64,18 @@ def records_for(manifest: Manifest, rank: int | None) -> Callable[[str, bool], T
     return find
 
 
-def load_into(state: Any, storage: Storage, manifest: Manifest, rank: int | None, *, strict: bool, threads: int = DEFAULT_READ_THREADS) -> LoadResult:
-    """Fill ``state`` in place. ``rank=None`` skips rank-local state."""
+def load_into(
+    state: Any, storage: Storage, manifest: Manifest, rank: int | None, *, strict: bool, threads: int = DEFAULT_READ_THREADS,
+    coord: Coordinator | None = None, read_once: bool = True,
+) -> LoadResult:
+    """Fill ``state`` in place. ``rank=None`` skips rank-local state.
+
+    With a coordinator of several ranks and ``read_once``, bytes that several ranks need are
+    read by one of them and sent to the others (a collective: every rank calls this).
+    """
+    from snapstate.dist.loadshare import fail_together, shared_reads, transport_ok
+
+    shared = coord is not None and coord.world_size > 1 and read_once and transport_ok(coord)
     started = time.perf_counter()
     find = records_for(manifest, rank)
 
@@ -74,11 +86,18 @@ def load_into(state: Any, storage: Storage, manifest: Manifest, rank: int | None
     rl_trees = manifest.rank_local[rank].trees if rank is not None and rank in manifest.rank_local else ({} if rank is not None else None)
     plan = plan_restore(state, manifest.tree, lookup, rl_trees)
     if plan.mismatches and strict:
-        raise IncompatibleStateError(storage.root, plan.mismatches)
+        error = IncompatibleStateError(storage.root, plan.mismatches)
+        if shared:
+            fail_together(coord, error)  # type: ignore[arg-type]
+        raise error
     tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
     result = LoadResult(storage.root, skipped=SkippedKeys(missing=[m.key for m in plan.mismatches if m.problem.startswith("missing")], mismatched=plan.mismatches))
     plan.apply_structure()
-    result.bytes_read = run_reads(storage, tasks, threads)
+    if shared:
+        stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
+        result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
+    else:
+        result.bytes_read = run_reads(storage, tasks, threads)
     for finalize in plan.finalizers:
         finalize()
     result.seconds = time.perf_counter() - started

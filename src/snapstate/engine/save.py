@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from snapstate.dist.coordinator import Coordinator, gather_or_raise
+from snapstate.dist.coordinator import Coordinator
+from snapstate.dist.exchange import exchange_plan
+from snapstate.dist.replicas import ReplicaHasher
 from snapstate.engine.commit import finish_rank, report_failure, write_marker
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter
@@ -18,7 +19,8 @@ from snapstate.errors import CheckpointExistsError
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.format.manifest import MANIFEST
 from snapstate.planning.items import ItemMeta, Placement, RankPlan, SavePlan
-from snapstate.planning.layout import PlanOptions, plan_save
+from snapstate.planning.layout import PlanOptions
+from snapstate.planning.replicas import ReplicaGroup
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
 from snapstate.storage.base import Storage
@@ -32,6 +34,7 @@ class SaveOptions:
     threads: int = 1  # writer threads per rank (files are spread over them)
     overwrite: bool = False  # replace a committed checkpoint at the same path
     plan: PlanOptions = field(default_factory=PlanOptions)
+    verify_replicas: str = "hash"  # "hash": replicas must hash equal across ranks (checked at save); "off"
 
 
 @dataclass
@@ -39,6 +42,10 @@ class _Prepared:
     flat: FlatState
     plan: SavePlan
     save_id: str
+    tree_differs: bool = False  # this rank's structure differs from rank 0's: its marker carries it
+    timings: dict[str, float] = field(default_factory=dict)
+    replicas: list[ReplicaGroup] = field(default_factory=list)  # boxes several ranks hold, compared at commit
+    hasher: ReplicaHasher | None = None
 
 
 def start_save(
@@ -54,6 +61,8 @@ def start_save(
     try:
         writer = RankWriter(storage, rank_plan, options.block_bytes, options.threads)
         _stage_all(prepared.flat, rank_plan, writer, Stager(pool, options.timeout), options.piece_bytes)
+        if pool is not None and prepared.hasher is not None:
+            prepared.hasher.result()  # the values of the call: the caller may change them once we return
     except BaseException as exc:
         report_failure(coord, prepared.save_id, exc)
         if "writer" in locals():
@@ -69,13 +78,12 @@ def start_save(
         except BaseException as exc:
             report_failure(coord, prepared.save_id, exc)
             raise
-        coord.publish(f"snapstate/{prepared.save_id}/done/{coord.rank}", "ok")
         persist_s = time.perf_counter() - started - blocking_s
-        commit_s = finish_rank(coord, storage, prepared.save_id, prepared.plan, prepared.flat.tree, step, options.timeout)
+        commit_s = finish_rank(coord, storage, prepared.save_id, prepared.plan, prepared.flat.tree, step, options.timeout, prepared.replicas)
         return SaveResult(
             path=storage.root, step=step, rank=coord.rank, world_size=coord.world_size, bytes_written=rank_plan.nbytes,
             files=[f.path for f in rank_plan.files], blocking_s=blocking_s, persist_s=persist_s, commit_s=commit_s,
-            total_s=time.perf_counter() - started,
+            total_s=time.perf_counter() - started, timings=prepared.timings,
         )
 
     if pool is None:
@@ -84,17 +92,18 @@ def start_save(
 
 
 def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
-    def local() -> tuple[list[ItemMeta], str]:
+    def local() -> tuple[FlatState, list[ItemMeta]]:
         flat = flatten_state(state)  # first: an unsaveable state must not uncommit the old checkpoint
         if coord.rank == 0:
             _clear_target(storage, options.overwrite)
-        holder.append(flat)
-        return _item_metas(flat), uuid.uuid4().hex
+        return flat, _item_metas(flat)
 
-    holder: list[FlatState] = []
-    gathered = gather_or_raise(coord, local)
-    plan = plan_save([metas for metas, _ in gathered], options.plan)
-    return _Prepared(holder[0], plan, gathered[0][1])
+    started = time.perf_counter()
+    agreed = exchange_plan(coord, local, options.plan)  # every rank: the same plan, cached while unchanged
+    timings = {"plan_s": time.perf_counter() - started, "plan_cached": float(agreed.cached)}
+    check = options.verify_replicas == "hash" and coord.world_size > 1 and bool(agreed.replicas)
+    hasher = ReplicaHasher(agreed.flat, agreed.replicas, coord.rank) if check else None  # overlaps staging and writes
+    return _Prepared(agreed.flat, agreed.plan, agreed.save_id, agreed.tree_differs, timings, agreed.replicas if check else [], hasher)
 
 
 def _clear_target(storage: Storage, overwrite: bool) -> None:
@@ -143,7 +152,12 @@ def _marker(rank: int, prepared: _Prepared, rank_plan: RankPlan, stats: PersistS
         k: {"dtype": m.dtype, "shape": list(m.shape), "kind": flat.kinds[k]}
         for k, m in ((k, item_meta(k, t, True)) for k, t in flat.rank_local_tensors.items())
     }
+    replicas = prepared.hasher.result() if prepared.hasher is not None else {}
+    if prepared.hasher is not None:
+        prepared.timings["replica_check_s"] = prepared.hasher.seconds
     return {
+        **({"tree": flat.tree} if prepared.tree_differs else {}),
+        **({"replicas": {str(i): h for i, h in replicas.items()}} if replicas else {}),
         "rank": rank,
         "files": {f.path: f.size for f in rank_plan.files},
         "chunks": chunks,

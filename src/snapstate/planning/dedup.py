@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 from snapstate.planning.items import Box, ItemMeta, Placement, WriteItem
@@ -42,6 +43,8 @@ def candidates(all_metas: list[list[ItemMeta]], chunk_bytes: int) -> list[Candid
                 out.extend(Candidate(_write_item(meta, b, rank), (rank,)) for b in _split_all(meta, chunk_bytes))
                 continue
             for box in meta.boxes:
+                if box.numel == 0 and math.prod(meta.shape) > 0:
+                    continue  # an empty shard (more ranks than rows): nothing to write
                 holders.setdefault((meta.key, box), []).append(rank)
                 first.setdefault((meta.key, box), meta)
     for (key, box), ranks in holders.items():

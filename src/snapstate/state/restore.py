@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from snapstate.errors import StateMismatch
+from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key
 from snapstate.state.stateful import is_stateful
 
@@ -79,6 +80,7 @@ class _Walk:
     lookup: Lookup
     rank_local_trees: dict[str, Node] | None  # None: rank-local state is skipped
     plan: RestorePlan
+    templates: dict[str, torch.Tensor] = field(default_factory=dict)  # optimizer state path -> its parameter
 
 
 def plan_restore(target: Any, tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None) -> RestorePlan:
@@ -165,6 +167,7 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
     if not is_stateful(target):
         walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds a Stateful object, target is {_describe(target)}"))
         return target
+    walk.templates.update(optimizer_templates(target, path))  # lazily created state is placed like its parameter
     new_sd = _restore(target.state_dict(), node, path, walk, rebuild=True, rank_local=rank_local)
     walk.plan.finalizers.append(lambda: target.load_state_dict(_resolved(new_sd)))
     return target
@@ -213,7 +216,9 @@ def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local:
 
 
 def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> Any:
-    tensor = torch.empty(stored.shape, dtype=stored.dtype)
+    template = walk.templates.get(key.rsplit("/", 1)[0]) if stored.kind == "tensor" and not rank_local else None
+    placed = allocate_like(template, stored.shape, stored.dtype) if template is not None else None
+    tensor = placed if placed is not None else torch.empty(stored.shape, dtype=stored.dtype)
     walk.plan.reads.append(ReadRequest(key, tensor, rank_local))
     if stored.kind == "tensor":
         return tensor

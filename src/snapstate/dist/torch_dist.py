@@ -1,0 +1,125 @@
+"""TorchDistCoordinator: collectives on a torch.distributed group, commit traffic on its TCP store.
+
+``all_gather`` runs on the process group and is refused on snapstate's own background
+threads: a collective there could interleave with the training loop's collectives and
+deadlock (the failure users of other checkpointers report). Everything the background
+commit needs goes through the c10d key-value store instead, with short non-blocking
+polls (``check``) rather than a blocking ``wait``, on a separate store connection, so a
+long wait never holds the connection the main thread uses.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any
+
+import torch.distributed as dist
+
+from snapstate.dist.coordinator import KeysTimeoutError
+from snapstate.errors import CheckpointTimeoutError
+
+PREFIX = "snapstate"
+POLL_MIN_S = 0.002
+POLL_MAX_S = 0.1
+BACKGROUND_THREAD_PREFIX = "snapstate-"
+
+_instances: weakref.WeakKeyDictionary[Any, TorchDistCoordinator] = weakref.WeakKeyDictionary()
+_default_instance: list[TorchDistCoordinator] = []
+
+
+class StoreLostError(CheckpointTimeoutError):
+    """The key-value store stopped answering: its host (rank 0 by default) is probably gone."""
+
+
+class TorchDistCoordinator:
+    """Coordinator for one process group; one instance per group, so caches survive saves."""
+
+    def __init__(self, process_group: Any = None) -> None:
+        self.group = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        if self.rank < 0:
+            raise ValueError("this process is not a member of the given process group")
+        self.backend = str(dist.get_backend(process_group))
+        self._store = dist.PrefixStore(PREFIX, dist.distributed_c10d._get_default_store())
+        self._owner = threading.get_ident()
+        self._background: Any = None
+        self._lock = threading.Lock()
+        self._world = dist.group.WORLD  # a new init_process_group makes a new one
+
+    @classmethod
+    def for_group(cls, process_group: Any = None) -> TorchDistCoordinator:
+        if process_group is None or process_group is dist.group.WORLD:
+            if not _default_instance or _default_instance[0]._world is not dist.group.WORLD:
+                _default_instance[:] = [cls(None)]
+            return _default_instance[0]
+        coord = _instances.get(process_group)
+        if coord is None:
+            coord = _instances[process_group] = cls(process_group)
+        return coord
+
+    # -- foreground collectives ---------------------------------------------------
+    def all_gather(self, obj: Any) -> list[Any]:
+        if threading.current_thread().name.startswith(BACKGROUND_THREAD_PREFIX):
+            raise RuntimeError(
+                "snapstate never runs a collective on the training process group from a background thread"
+            )
+        out: list[Any] = [None] * self.world_size
+        dist.all_gather_object(out, obj, group=self.group)
+        return out
+
+    # -- store: safe from any thread ----------------------------------------------
+    def publish(self, key: str, value: str) -> None:
+        self._call(lambda s: s.set(key, value))
+
+    def await_keys(self, keys: list[str], timeout: float) -> list[str]:
+        """Values of ``keys`` once all exist; KeysTimeoutError naming the missing ones otherwise."""
+        deadline = time.monotonic() + timeout
+        pause = POLL_MIN_S
+        while not self._call(lambda s: s.check(keys)):
+            if time.monotonic() >= deadline:
+                missing = self.missing(keys)
+                if missing:
+                    raise KeysTimeoutError(
+                        f"timed out after {timeout:g}s waiting for {describe_missing(missing)}",
+                        missing,
+                    )
+                break
+            time.sleep(pause)
+            pause = min(pause * 2, POLL_MAX_S)
+        return [v.decode() for v in self._call(lambda s: s.multi_get(keys))]
+
+    def missing(self, keys: list[str]) -> list[str]:
+        return [k for k in keys if not self._call(lambda s, k=k: s.check([k]))]
+
+    def add(self, key: str, amount: int) -> int:
+        return int(self._call(lambda s: s.add(key, amount)))
+
+    def delete_keys(self, keys: list[str]) -> None:
+        for k in keys:
+            self._call(lambda s, k=k: s.delete_key(k))
+
+    def _call(self, op: Any) -> Any:
+        try:
+            if threading.get_ident() == self._owner:
+                return op(self._store)
+            with self._lock:  # one extra connection serves every background thread, in turn
+                if self._background is None:
+                    self._background = self._store.clone()  # type: ignore[attr-defined]
+                return op(self._background)
+        except CheckpointTimeoutError:
+            raise
+        except (RuntimeError, OSError) as exc:  # DistNetworkError, DistStoreError, reset sockets
+            raise StoreLostError(
+                f"the torch.distributed store stopped answering ({exc}); its host, usually rank 0, may have died"
+            ) from exc
+
+
+def describe_missing(keys: list[str]) -> str:
+    """'rank(s) [1, 3]' when the keys end in a rank number (snapstate's own keys do)."""
+    ranks = [k.rsplit("/", 1)[-1] for k in keys]
+    if all(r.isdigit() for r in ranks):
+        return f"rank(s) {sorted(int(r) for r in ranks)}"
+    return str(keys)

@@ -1,0 +1,77 @@
+"""Plan caching: reuse the last plan while every rank's structure stays the same (pure).
+
+A rank alone cannot tell that the plan is still valid, since another rank's state may have
+changed, so each rank offers a digest of its item metadata, and the cached plan is used
+only if every rank offers the same cache token. The metadata itself travels only when the
+digest changed, so a steady training loop exchanges a few bytes per save, not the metadata.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import xxhash
+
+from snapstate.planning.items import ItemMeta, SavePlan
+
+
+class Decision(str, Enum):
+    REUSE = "reuse"  # every rank holds the same cached plan and its structure is unchanged
+    PLAN = "plan"  # every rank sent its metadata: plan from it
+    REGATHER = "regather"  # mixed: some ranks hit their cache, others did not; gather metadata
+
+
+@dataclass(frozen=True)
+class Offer:
+    """What a rank sends before planning."""
+
+    digest: str  # of its metadata (and the plan options)
+    token: str | None  # the cache token it would reuse, if its digest is unchanged
+    metas: list[ItemMeta] | None  # sent only when it cannot reuse
+    save_id: str
+    tree_digest: str
+
+
+@dataclass
+class CacheEntry:
+    token: str
+    digest: str
+    plan: SavePlan
+    extra: Any = None  # what else was derived from the same metadata (shared replicas)
+
+
+class PlanCache:
+    """The last plan of one process group."""
+
+    def __init__(self) -> None:
+        self.entry: CacheEntry | None = None
+        self.hits = 0
+
+    def token_for(self, digest: str) -> str | None:
+        return self.entry.token if self.entry is not None and self.entry.digest == digest else None
+
+
+def metas_digest(metas: list[ItemMeta], options: Any) -> str:
+    h = xxhash.xxh3_128(repr(options).encode())
+    for m in metas:
+        h.update(repr((m.key, m.dtype, m.shape, m.placement.value, m.boxes)).encode())
+    return h.hexdigest()
+
+
+def combined_token(offers: list[Offer]) -> str:
+    h = xxhash.xxh3_128()
+    for o in offers:
+        h.update(o.digest.encode())
+    return h.hexdigest()
+
+
+def decide(offers: list[Offer]) -> Decision:
+    """The same answer on every rank, since every rank sees the same offers."""
+    tokens = {o.token for o in offers}
+    if len(tokens) == 1 and None not in tokens:
+        return Decision.REUSE
+    if all(o.metas is not None for o in offers):
+        return Decision.PLAN
+    return Decision.REGATHER

@@ -1,0 +1,95 @@
+"""Rank side of the fault tests: a rank SIGKILLed during persist; replicas perturbed on one rank."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from typing import Any
+
+import torch
+
+import snapstate as ss
+from snapstate.engine import persist
+
+from .common import digest, pattern
+
+
+def values(step: int) -> dict[str, torch.Tensor]:
+    return {
+        "w": pattern((256, 64), step),
+        "b": pattern((300,), 100 + step),
+        "e": pattern((64, 32), 200 + step, torch.bfloat16),
+    }
+
+
+def die_while_writing() -> None:
+    """The next shard write lands on disk, then this process gets SIGKILL (from its persist thread)."""
+    original = persist.RankWriter._write
+
+    def write_then_die(self: Any, *args: Any) -> None:
+        original(self, *args)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    persist.RankWriter._write = write_then_die  # type: ignore[method-assign]
+
+
+def kill_during_persist(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    mgr = ss.CheckpointManager(args["root"], async_save=True, timeout=args["timeout"])
+    state = {"model": values(1), "step": 1}
+    mgr.save(1, state)
+    mgr.wait()
+    state = {"model": values(2), "step": 2}
+    if rank == args["victim"]:
+        die_while_writing()
+    started = time.monotonic()
+    handle = mgr.save(2, state)
+    try:
+        handle.wait()
+        outcome, message = "committed", ""
+    except ss.CheckpointError as exc:
+        outcome, message = type(exc).__name__, str(exc)
+    return {
+        "outcome": outcome,
+        "message": message,
+        "timeout_error": isinstance(handle.error, ss.CheckpointTimeoutError),
+        "seconds": time.monotonic() - started,
+    }
+
+
+def resume(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """A restarted job: the manager resumes from the latest committed step, then saves again."""
+    mgr = ss.CheckpointManager(args["root"], async_save=True, timeout=args["timeout"])
+    state = {"model": {k: torch.zeros_like(v) for k, v in values(0).items()}, "step": 0}
+    step = mgr.restore(state)
+    restored = {k: digest(v) for k, v in state["model"].items()}
+    state = {"model": values(2), "step": 2}
+    mgr.save(2, state)
+    mgr.wait()
+    return {
+        "step": step,
+        "restored": restored,
+        "expected": {k: digest(v) for k, v in values(1).items()},
+        "steps": mgr.steps(),
+    }
+
+
+def perturbed_replica(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    state = {"model": values(1), "note": "replicas"}
+    first = ss.save(
+        state, args["path"] + "-before"
+    )  # also caches the plan: the check must still run
+    if rank == args["odd"]:
+        state["model"]["w"][17, 3] += 1e-3  # a replica that silently diverged
+    out: dict[str, Any] = {"cached": None, "error": None}
+    try:
+        result = ss.save(state, args["path"])
+        out["cached"] = result.timings["plan_cached"]
+    except ss.ReplicaMismatchError as exc:
+        out["error"] = str(exc)
+    unchecked = ss.save(
+        state, args["path"] + "-unchecked", options=ss.SaveOptions(verify_replicas="off")
+    )
+    out["first_check_s"] = first.timings["replica_check_s"]
+    out["unchecked"] = "replica_check_s" not in unchecked.timings
+    return out

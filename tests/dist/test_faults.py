@@ -1,0 +1,63 @@
+"""A rank killed during persist: no manifest, a timeout on the others, the earlier step still loads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import snapstate as ss
+
+from .common import digest
+from .launch import RankServer
+from .scen_faults import values
+
+pytestmark = pytest.mark.dist
+
+TIMEOUT = 4.0
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["rank1", "rank0-hosting-the-store"])
+def test_sigkill_during_persist(ranks: RankServer, tmp_path: Path, victim: int) -> None:
+    root = tmp_path / "root"
+    args = {"root": str(root), "timeout": TIMEOUT, "victim": victim}
+    job = ranks.run(
+        "dist.scen_faults:kill_during_persist", 3, args, tmp_path / "killed", timeout=60
+    )
+    assert job.codes[victim] == -9 and not job.timed_out, job.describe()
+    survivors = [r for i, r in enumerate(job.results) if i != victim]
+    assert all(c == 0 for i, c in enumerate(job.codes) if i != victim), job.describe()
+    for r in survivors:
+        assert r["timeout_error"], (
+            r
+        )  # CheckpointTimeoutError (StoreLostError when the store's host died)
+        assert r["seconds"] < TIMEOUT + 10
+        if victim != 0:
+            assert f"rank {victim} did not arrive" in r["message"]
+    assert not (root / "step-000000002" / "manifest.json").exists()  # nothing committed
+    state = {"model": {k: v.clone().zero_() for k, v in values(0).items()}, "step": 0}
+    ss.load(state, root / "step-000000001")  # the earlier checkpoint still loads
+    assert {k: digest(v) for k, v in state["model"].items()} == {
+        k: digest(v) for k, v in values(1).items()
+    }
+    assert state["step"] == 1
+    resumed = ranks.run("dist.scen_faults:resume", 3, args, tmp_path / "resumed").check()
+    for r in resumed:
+        assert r["step"] == 1 and r["restored"] == r["expected"]
+        assert r["steps"] == [1, 2]
+    assert ss.verify(root / "step-000000002").ok
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_perturbed_replica_is_caught(ranks: RankServer, tmp_path: Path, world: int) -> None:
+    args = {"path": str(tmp_path / "ckpt"), "odd": 1}
+    results = ranks.run("dist.scen_faults:perturbed_replica", world, args, tmp_path / "job").check()
+    for r in results:
+        message = r["error"]
+        assert message is not None and "'model/w'" in message, r
+        assert "rank(s) [1] hold" in message
+        assert ("rank(s) [0, 2] hold" if world == 3 else "rank(s) [0] hold") in message
+        assert "'model/b'" not in message  # only what differs
+        assert r["first_check_s"] > 0 and r["unchecked"]
+    assert not (tmp_path / "ckpt" / "manifest.json").exists()
+    assert ss.inspect(str(tmp_path / "ckpt-unchecked")).world_size == world
