@@ -93,3 +93,21 @@ def perturbed_replica(rank: int, world: int, args: dict[str, Any]) -> dict[str, 
     out["first_check_s"] = first.timings["replica_check_s"]
     out["unchecked"] = "replica_check_s" not in unchecked.timings
     return out
+
+
+def dead_before_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Rank 1 dies before the save begins; the others must not hang in its first collective."""
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    time.sleep(0.5)
+    started = time.monotonic()
+    try:
+        ss.save({"model": values(1)}, args["path"], timeout=args["timeout"])
+        outcome = "saved"
+    except ss.CheckpointError as exc:
+        outcome = type(exc).__name__
+    return {
+        "outcome": outcome,
+        "timeout_error": outcome.endswith("TimeoutError"),
+        "seconds": time.monotonic() - started,
+    }

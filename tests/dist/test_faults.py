@@ -48,6 +48,15 @@ def test_sigkill_during_persist(ranks: RankServer, tmp_path: Path, victim: int) 
     assert ss.verify(root / "step-000000002").ok
 
 
+def test_rank_dead_before_the_save(ranks: RankServer, tmp_path: Path) -> None:
+    args = {"path": str(tmp_path / "ckpt"), "timeout": TIMEOUT}
+    job = ranks.run("dist.scen_faults:dead_before_save", 3, args, tmp_path / "job", timeout=60)
+    assert job.codes[1] == -9 and not job.timed_out, job.describe()
+    for r in (job.results[0], job.results[2]):
+        assert r["timeout_error"] and r["seconds"] < TIMEOUT + 30, r
+    assert not (tmp_path / "ckpt" / "manifest.json").exists()
+
+
 @pytest.mark.parametrize("world", [2, 3])
 def test_perturbed_replica_is_caught(ranks: RankServer, tmp_path: Path, world: int) -> None:
     args = {"path": str(tmp_path / "ckpt"), "odd": 1}

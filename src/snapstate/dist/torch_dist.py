@@ -67,7 +67,12 @@ class TorchDistCoordinator:
                 "snapstate never runs a collective on the training process group from a background thread"
             )
         out: list[Any] = [None] * self.world_size
-        dist.all_gather_object(out, obj, group=self.group)
+        try:
+            dist.all_gather_object(out, obj, group=self.group)
+        except (dist.DistError, RuntimeError) as exc:  # gloo: "Connection closed by peer" when a rank died
+            raise CheckpointTimeoutError(
+                f"the other ranks did not all take part in the collective ({exc}); a rank may have died"
+            ) from exc
         return out
 
     # -- store: safe from any thread ----------------------------------------------
