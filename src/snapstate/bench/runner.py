@@ -87,12 +87,13 @@ def train_config(cfg: BenchConfig, model: str) -> TrainConfig:
     )
 
 
-def plan_runs(cfg: BenchConfig) -> list[tuple[int, int]]:
-    """(ranks, repeat) of every launch, repeats outermost so drift spreads evenly.
+def plan_runs(cfg: BenchConfig) -> list[tuple[str, int, int]]:
+    """(model, ranks, repeat) of every launch, repeats outermost so drift spreads evenly.
 
-    One launch measures every model in turn: starting ranks costs seconds on a small machine.
+    Each model gets fresh processes: memory a library keeps between saves (a staging pool)
+    would otherwise be charged to the first model and hidden from the next.
     """
-    return [(n, r) for r in range(cfg.repeats) for n in cfg.ranks]
+    return [(m, n, r) for r in range(cfg.repeats) for m in cfg.models for n in cfg.ranks]
 
 
 def measure_job(
@@ -144,16 +145,14 @@ def run_bench(
     doc = new_document(cfg, blocked)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    runs = [r for r in plan_runs(cfg) if runnable(cfg, r[0], blocked)]
+    runs = [r for r in plan_runs(cfg) if runnable(cfg, r[1], blocked)]
     det = determinism_worlds(cfg, blocked)
     progress.begin(len(runs) + (len(det) + len(set(det.values())) if det else 0))
     for (name, world), reason in blocked.items():
         progress.note(f"{name} on {world} rank(s): skipped, {reason}")
-    for world, repeat in runs:
-        _measure_into(doc, cfg, runnable(cfg, world, blocked), (world, repeat), work)
-        progress.advance(
-            f"{len(cfg.models)} model(s) on {world} rank(s), repeat {repeat + 1}/{cfg.repeats}"
-        )
+    for model, world, repeat in runs:
+        _measure_into(doc, cfg, runnable(cfg, world, blocked), (model, world, repeat), work)
+        progress.advance(f"{model} on {world} rank(s), repeat {repeat + 1}/{cfg.repeats}")
         write_results(doc, out / "results.json")  # partial results survive an interrupted sweep
     if det:
         _determinism_into(doc, cfg, det, work / "determinism", progress)
@@ -167,29 +166,28 @@ def _measure_into(
     doc: dict[str, Any],
     cfg: BenchConfig,
     methods: list[str],
-    run: tuple[int, int],
+    run: tuple[str, int, int],
     work: Path,
 ) -> None:
-    world, repeat = run
-    tag = f"n{world}-r{repeat}"
-    jobs = [measure_job(cfg, methods, m, repeat, work, f"{_safe(m)}-{tag}") for m in cfg.models]
+    model, world, repeat = run
+    tag = f"{_safe(model)}-n{world}-r{repeat}"
+    job = measure_job(cfg, methods, model, repeat, work, tag)
     try:
-        run_measurements(jobs, world, work, tag, cfg.timeout_s)
+        run_measurements([job], world, work, tag, cfg.timeout_s)
     except launch.WorkerError as e:
         doc["errors"].append({"run": tag, "error": str(e)[-4000:]})
-    for model, job in zip(cfg.models, jobs, strict=True):
-        _collect(doc, job, model, repeat, tag)
+    _collect(doc, job, model, repeat, tag)
 
 
 def _collect(doc: dict[str, Any], job: MeasureJob, model: str, repeat: int, tag: str) -> None:
-    """Records from one model's result file (absent when its run failed)."""
+    """Records from the run's result file (absent when the run failed)."""
     try:
         raw = json.loads(Path(job.result_file).read_text())
         doc["records"] += [asdict(r) for r in records_from_run(raw, model, repeat, doc["methods"])]
     except FileNotFoundError:
         pass  # the launch's error is already recorded
     except (OSError, KeyError, ValueError) as e:
-        doc["errors"].append({"run": f"{_safe(model)}-{tag}", "error": str(e)[-4000:]})
+        doc["errors"].append({"run": tag, "error": str(e)[-4000:]})
 
 
 def determinism_worlds(cfg: BenchConfig, blocked: Blocked) -> dict[str, int]:
@@ -262,7 +260,8 @@ def run_inplace(cfg: BenchConfig, out: Path, rank: int, world: int) -> dict[str,
         return None
     shutil.rmtree(work, ignore_errors=True)
     doc["notes"] = [
-        "determinism was not checked: under torchrun/srun the harness cannot kill and relaunch its ranks"
+        "determinism was not checked: under torchrun/srun the harness cannot kill and relaunch its ranks",
+        "all models ran in the same processes: memory a method keeps between saves counts for the first model only",
     ]
     finish(doc, out)
     return doc
