@@ -59,8 +59,8 @@ def start_save(
     prepared = _prepare(state, storage, coord, options)
     rank_plan = prepared.plan.for_rank(coord.rank)
     try:
-        writer = RankWriter(storage, rank_plan, options.block_bytes, options.threads)
-        _stage_all(prepared.flat, rank_plan, writer, Stager(pool, options.timeout), options.piece_bytes)
+        writer = RankWriter(storage, rank_plan, options.block_bytes, options.threads, hold=pool is not None)
+        _stage_all(prepared.flat, rank_plan, writer, Stager(pool, options.timeout, before_wait=writer.flush), options.piece_bytes)
         if pool is not None and prepared.hasher is not None:
             prepared.hasher.result()  # the values of the call: the caller may change them once we return
     except BaseException as exc:

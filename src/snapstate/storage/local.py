@@ -4,8 +4,40 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
+from collections.abc import Callable
 
 from snapstate.storage.commit import write_atomic_local
+
+WRITEBACK_MIN_BYTES = 1 << 20  # smaller writes are left to the kernel's own writeback
+
+
+def _writeback_starter() -> Callable[[int, int, int], None] | None:
+    """Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``: start writing a range, do not wait.
+
+    Why: the kernel otherwise holds a checkpoint's pages dirty until the final fsync, so the
+    disk idles while the bytes are copied and hashed and then does all the work at the end.
+    Durability still comes from that fsync; this only starts the disk earlier.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+        import ctypes.util
+
+        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+
+    def start(fd: int, offset: int, nbytes: int) -> None:
+        fn(fd, offset, nbytes, 2)  # SYNC_FILE_RANGE_WRITE; a failure here is caught by fsync
+
+    return start
+
+
+_start_writeback = _writeback_starter()
 
 
 class LocalFileWriter:
@@ -16,9 +48,12 @@ class LocalFileWriter:
         self.fd = os.open(full_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
     def write_at(self, data: memoryview, offset: int) -> None:
+        start, nbytes = offset, len(data)
         while len(data):
             written = os.pwrite(self.fd, data, offset)  # releases the GIL
             data, offset = data[written:], offset + written
+        if _start_writeback is not None and nbytes >= WRITEBACK_MIN_BYTES:
+            _start_writeback(self.fd, start, nbytes)
 
     def close(self, sync: bool = True) -> None:
         fd, self.fd = self.fd, -1  # closed once: a second close could hit a reused fd number
