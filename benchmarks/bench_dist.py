@@ -248,7 +248,7 @@ def report(summaries: list[dict[str, Any]]) -> str:
         check = s["snapstate"].get("replica_check_s_per_rank")
         if check:
             lines.append(
-                f"  snapstate replica check (xxh3 of every replica on each rank): {max(check):.3f} s of the save"
+                f"  snapstate replica check: {max(check):.3f} s hashing every replica, in a thread overlapping the save"
             )
         for k, v in s["ratios"].items():
             lines.append(f"  {k}: {v:.3f}")

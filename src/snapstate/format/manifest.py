@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import posixpath
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from snapstate.errors import CorruptCheckpointError, UnsupportedFormatError
@@ -74,10 +74,11 @@ class Manifest:
     version: int = FORMAT_VERSION
 
     def to_json(self) -> bytes:
-        body = asdict(self)
-        body["rank_local"] = {str(r): v for r, v in body["rank_local"].items()}
+        # Records are encoded through their __dict__ (json's default hook), not dataclasses.asdict:
+        # asdict deep-copies every chunk and took most of the commit time at 10^5 chunks.
+        body = {f.name: getattr(self, f.name) for f in fields(self)}
         ordered = {"format": body.pop("format"), "version": body.pop("version"), **body}
-        return json.dumps(ordered, separators=(",", ":"), allow_nan=False).encode()
+        return json.dumps(ordered, separators=(",", ":"), allow_nan=False, default=_record_fields).encode()
 
     def all_tensors(self) -> dict[str, TensorRecord]:
         """Global tensors plus rank-local ones under ``rank<r>/<key>``, for listing and verifying."""
@@ -85,6 +86,12 @@ class Manifest:
         for rank, rec in sorted(self.rank_local.items()):
             out.update({f"rank{rank}/{k}": t for k, t in rec.tensors.items()})
         return out
+
+
+def _record_fields(obj: Any) -> dict[str, Any]:
+    if is_dataclass(obj) and not isinstance(obj, type):
+        return obj.__dict__
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
 def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:

@@ -34,8 +34,8 @@ def split_box(box: Box, itemsize: int, chunk_bytes: int) -> list[Box]:
 
 def candidates(all_metas: list[list[ItemMeta]], chunk_bytes: int) -> list[Candidate]:
     """Every unique chunk of the job, with the ranks that hold it (pure, order-independent)."""
-    holders: dict[tuple[str, Box], list[int]] = {}
-    first: dict[tuple[str, Box], ItemMeta] = {}
+    # Keyed by plain tuples, not Box: their hash runs in C, which matters at 10^6 items (4096 ranks).
+    holders: dict[tuple[str, tuple[int, ...], tuple[int, ...]], tuple[ItemMeta, Box, list[int]]] = {}
     out: list[Candidate] = []
     for rank, metas in enumerate(all_metas):
         for meta in metas:
@@ -43,12 +43,12 @@ def candidates(all_metas: list[list[ItemMeta]], chunk_bytes: int) -> list[Candid
                 out.extend(Candidate(_write_item(meta, b, rank), (rank,)) for b in _split_all(meta, chunk_bytes))
                 continue
             for box in meta.boxes:
-                if box.numel == 0 and math.prod(meta.shape) > 0:
-                    continue  # an empty shard (more ranks than rows): nothing to write
-                holders.setdefault((meta.key, box), []).append(rank)
-                first.setdefault((meta.key, box), meta)
-    for (key, box), ranks in holders.items():
-        meta = first[(key, box)]
+                entry = holders.get((meta.key, box.offsets, box.sizes))
+                if entry is not None:
+                    entry[2].append(rank)
+                elif box.numel or not math.prod(meta.shape):  # an empty shard (more ranks than rows): nothing to write
+                    holders[(meta.key, box.offsets, box.sizes)] = (meta, box, [rank])
+    for meta, box, ranks in holders.values():
         for piece in split_box(box, meta.itemsize, chunk_bytes):
             out.append(Candidate(_write_item(meta, piece, -1), tuple(sorted(ranks))))
     return out

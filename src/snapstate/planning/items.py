@@ -107,11 +107,27 @@ class RankPlan:
 
 @dataclass(frozen=True)
 class SavePlan:
-    """The same on every rank: each rank's files, and the totals the manifest reports."""
+    """The same on every rank: what each rank writes, and the keys the manifest reports.
+
+    A rank lays out only its own files (``for_rank``): at thousands of ranks, building every
+    rank's shard headers on every rank cost more than the whole assignment.
+    """
 
     world_size: int
-    ranks: tuple[RankPlan, ...]
+    items: tuple[tuple[WriteItem, ...], ...]  # per rank, the chunks it writes
     metas: dict[str, ItemMeta] = field(default_factory=dict)  # global (non rank-local) keys
+    max_file_bytes: int = 2 << 30
+    _layout: dict[int, RankPlan] = field(default_factory=dict, compare=False, repr=False)
 
     def for_rank(self, rank: int) -> RankPlan:
-        return self.ranks[rank]
+        """The rank's shard files with headers and offsets (built once, then kept)."""
+        plan = self._layout.get(rank)
+        if plan is None:
+            from snapstate.planning.layout import plan_files  # layout builds on this module
+
+            plan = self._layout[rank] = RankPlan(rank, tuple(plan_files(rank, list(self.items[rank]), self.max_file_bytes)))
+        return plan
+
+    @property
+    def ranks(self) -> tuple[RankPlan, ...]:
+        return tuple(self.for_rank(r) for r in range(self.world_size))

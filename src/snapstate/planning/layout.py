@@ -12,7 +12,6 @@ from snapstate.planning.items import (
     ItemMeta,
     PlacedItem,
     Placement,
-    RankPlan,
     SavePlan,
     WriteItem,
 )
@@ -32,9 +31,8 @@ def plan_save(all_metas: list[list[ItemMeta]], options: PlanOptions = PlanOption
     check_consistent(all_metas)
     world = len(all_metas)
     per_rank = assign(candidates(all_metas, options.chunk_bytes), world)
-    ranks = tuple(RankPlan(r, tuple(plan_files(r, items, options.max_file_bytes))) for r, items in enumerate(per_rank))
     metas = {m.key: m for metas in all_metas for m in metas if m.placement is not Placement.RANK_LOCAL}
-    return SavePlan(world, ranks, metas)
+    return SavePlan(world, tuple(tuple(items) for items in per_rank), metas, options.max_file_bytes)
 
 
 def plan_files(rank: int, items: list[WriteItem], max_file_bytes: int) -> list[FilePlan]:

@@ -21,18 +21,22 @@ class ReplicaGroup:
 
 def replica_groups(all_metas: list[list[ItemMeta]]) -> list[ReplicaGroup]:
     """Every (key, box) held by two ranks or more, grouped by holders; same on every rank."""
-    holders: dict[tuple[str, Box], list[int]] = {}
+    # Plain tuple keys (hashed in C), as in planning/dedup.py: this runs over every rank's items.
+    holders: dict[tuple[str, tuple[int, ...], tuple[int, ...]], tuple[Box, list[int]]] = {}
     for rank, metas in enumerate(all_metas):
         for meta in metas:
             if meta.placement is Placement.RANK_LOCAL:
                 continue
             for box in meta.boxes:
-                if box.numel:
-                    holders.setdefault((meta.key, box), []).append(rank)
+                entry = holders.get((meta.key, box.offsets, box.sizes))
+                if entry is not None:
+                    entry[1].append(rank)
+                elif box.numel:
+                    holders[(meta.key, box.offsets, box.sizes)] = (box, [rank])
     groups: dict[tuple[int, ...], list[tuple[str, Box]]] = {}
-    for kb, ranks in holders.items():
+    for (key, _, _), (box, ranks) in holders.items():
         if len(ranks) > 1:
-            groups.setdefault(tuple(ranks), []).append(kb)
+            groups.setdefault(tuple(ranks), []).append((key, box))
     return [
         ReplicaGroup(r, tuple(sorted(b, key=lambda kb: (kb[0], kb[1].offsets))))
         for r, b in sorted(groups.items())
