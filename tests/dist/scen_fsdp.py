@@ -65,6 +65,8 @@ def load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     model, opt = model_and_optimizer(world)
     assert not opt.state  # a fresh optimizer: its state is created by the load
     result = ss.load({"model": model, "optim": opt}, args["path"])
+    local = flat_tensors({"model": model.state_dict(), "optim": opt.state_dict()["state"]}).values()
+    need = sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in local)
     got, reference = full_state(model, opt), load_file(args["reference"])
     equal = sorted(got) == sorted(reference) and all(
         bitwise_equal(got[k], reference[k]) for k in reference
@@ -80,4 +82,6 @@ def load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
         and exp_avg.to_local().shape == weight.to_local().shape,
         "trains": not bitwise_equal(model.state_dict()["0.weight"].full_tensor(), before),
         "bytes_read": result.bytes_read,
+        "need": need,  # the bytes of this rank's shards (and of the replicated step counters)
+        "tensors": len(local),
     }

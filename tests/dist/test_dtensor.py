@@ -141,9 +141,9 @@ def test_fsdp2_model_and_optimizer_2_ranks_to_3_ranks_to_one_process(
     results = ranks.run("dist.scen_fsdp:load", 3, args, tmp_path / "load").check()
     for r in results:
         assert r["equal"] and r["optimizer_state_sharded"] and r["trains"]
-        assert (
-            r["bytes_read"] < saved[0]["state_bytes"]
-        )  # its shards (and the small replicated steps), not everything
+        # its shards, widened to whole 64-byte checksum blocks at each end of each chunk read
+        assert r["need"] / 2 <= r["bytes_read"] <= r["need"] + 2 * 64 * 2 * r["tensors"], r
+        assert r["bytes_read"] < saved[0]["state_bytes"] / 2
     from .scen_fsdp import model_and_optimizer
 
     model, opt = model_and_optimizer(None)
