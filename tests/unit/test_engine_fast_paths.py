@@ -122,3 +122,45 @@ def test_a_failed_staging_gives_held_buffers_back(
     monkeypatch.setattr(staging, "copy_bytes", real_copy)
     ss.async_save(state, tmp_path / "good", pool=pool, options=options).wait()
     assert_holds(tmp_path / "good", state)
+
+
+def flip_byte_of(path: Path, key: str) -> None:
+    chunk = ss.inspect(path).tensors[key].chunks[0]
+    with open(path / chunk.file, "r+b") as f:
+        f.seek((chunk.start + chunk.end) // 2)
+        byte = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_flipped_byte_in_a_middle_chunk_is_caught_by_the_background_checks(
+    tmp_path: Path,
+) -> None:
+    state = {f"t{i}": random_tensor(torch.float32, (256, 1024), seed=i) for i in range(6)}
+    ss.save(state, tmp_path / "ckpt")
+    flip_byte_of(tmp_path / "ckpt", "t3")
+    with pytest.raises(ss.CorruptCheckpointError, match="t3"):
+        ss.load(blank_like(state), tmp_path / "ckpt")
+
+
+def test_a_backend_subclass_that_changes_read_into_sees_every_read(tmp_path: Path) -> None:
+    from snapstate.storage.local import LocalStorage
+
+    class Counting(LocalStorage):
+        seen = 0
+
+        def read_into(self, path: str, offset: int, out: memoryview) -> None:
+            Counting.seen += len(out)
+            super().read_into(path, offset, out)
+
+    state = large_state()
+    ss.save(state, tmp_path / "ckpt")
+    target = blank_like(state)
+    result = ss.load(target, Counting(str(tmp_path / "ckpt")))
+    assert (
+        Counting.seen
+        >= result.bytes_read
+        == sum(v.numel() * v.element_size() for v in state.values())
+    )
+    for k, v in state.items():
+        assert_bitwise_equal(target[k], v)

@@ -78,6 +78,25 @@ class LocalFileWriter:
             pass
 
 
+class LocalFileReader:
+    """Positional reads from one open file; the kernel's readahead follows reads in order."""
+
+    def __init__(self, full_path: str) -> None:
+        self.full_path = full_path
+        self.fd = os.open(full_path, os.O_RDONLY)
+
+    def read_into(self, offset: int, out: memoryview) -> None:
+        got = 0
+        while got < len(out):
+            n = os.preadv(self.fd, [out[got:]], offset + got)  # releases the GIL
+            if not n:
+                raise EOFError(f"{self.full_path}: file ends at byte {offset + got}, expected {offset + len(out)}")
+            got += n
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
 class LocalStorage:
     """A directory on a local or parallel (POSIX) file system."""
 
@@ -91,6 +110,10 @@ class LocalStorage:
         full = self._full(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         return LocalFileWriter(full)
+
+    def open_reader(self, path: str) -> LocalFileReader:
+        """One open file for many positional reads (see engine/readorder.py for why)."""
+        return LocalFileReader(self._full(path))
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         with open(self._full(path), "rb", buffering=0) as f:
