@@ -76,13 +76,19 @@ def read_in_file_order(storage: Storage, reads: list[DirectRead], threads: int) 
         return sum(_read_file(storage, file, rs, None) for file, rs in by_file.items())
     readers = max(1, min(threads, len(by_file)))
     with (
-        ThreadPoolExecutor(max(1, threads - readers), thread_name_prefix="snapstate-verify") as checkers,
+        ThreadPoolExecutor(
+            max(1, threads - readers), thread_name_prefix="snapstate-verify"
+        ) as checkers,
         ThreadPoolExecutor(readers, thread_name_prefix="snapstate-read") as pool,
     ):
-        return sum(pool.map(lambda item: _read_file(storage, item[0], item[1], checkers), by_file.items()))
+        return sum(
+            pool.map(lambda item: _read_file(storage, item[0], item[1], checkers), by_file.items())
+        )
 
 
-def _read_file(storage: Storage, file: str, reads: list[DirectRead], checkers: ThreadPoolExecutor | None) -> int:
+def _read_file(
+    storage: Storage, file: str, reads: list[DirectRead], checkers: ThreadPoolExecutor | None
+) -> int:
     checks: list[Future[None]] = []
     try:
         reader = open_reader(storage, file)
@@ -110,4 +116,6 @@ def _read_one(reader: FileReader, r: DirectRead) -> None:
     except FileNotFoundError:
         raise CorruptCheckpointError("shard file is missing", file=r.file, key=r.key) from None
     except EOFError as exc:
-        raise CorruptCheckpointError(f"shard file is truncated: {exc}", file=r.file, key=r.key) from None
+        raise CorruptCheckpointError(
+            f"shard file is truncated: {exc}", file=r.file, key=r.key
+        ) from None
