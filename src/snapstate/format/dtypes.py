@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -49,6 +50,16 @@ with warnings.catch_warnings():  # complex32 warns that it is experimental
     warnings.simplefilter("ignore")
     for _dtype in DTYPES.values():
         _ITEMSIZES[_dtype] = torch.empty(0, dtype=_dtype).element_size()
+
+
+def empty_tensor(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialized storage for any dtype, allocated as bytes.
+
+    Going through uint8 keeps this working under ``torch.use_deterministic_algorithms``, which
+    otherwise fills new memory and has no fill kernel for bit and sub-byte dtypes.
+    """
+    nbytes = math.prod(shape) * itemsize(dtype)
+    return torch.empty(nbytes, dtype=torch.uint8).view(dtype).view(tuple(shape))
 
 
 def safetensors_entry(name: str, shape: tuple[int, ...], nbytes: int) -> tuple[str, list[int]]:

@@ -56,7 +56,7 @@ class PlanCache:
 def metas_digest(metas: list[ItemMeta], options: Any) -> str:
     h = xxhash.xxh3_128(repr(options).encode())
     for m in metas:
-        h.update(repr((m.key, m.dtype, m.shape, m.placement.value, m.boxes)).encode())
+        h.update(repr((m.key, m.dtype, m.shape, m.placement.value, m.boxes, m.from_rank0)).encode())
     return h.hexdigest()
 
 

@@ -49,8 +49,9 @@ def candidates(all_metas: list[list[ItemMeta]], chunk_bytes: int) -> list[Candid
                 elif box.numel or not math.prod(meta.shape):  # an empty shard (more ranks than rows): nothing to write
                     holders[(meta.key, box.offsets, box.sizes)] = (meta, box, [rank])
     for meta, box, ranks in holders.values():
+        writers = (0,) if meta.from_rank0 and 0 in ranks else tuple(sorted(ranks))
         for piece in split_box(box, meta.itemsize, chunk_bytes):
-            out.append(Candidate(_write_item(meta, piece, -1), tuple(sorted(ranks))))
+            out.append(Candidate(_write_item(meta, piece, -1), writers))
     return out
 
 

@@ -42,6 +42,7 @@ class ItemMeta:
     itemsize: int
     placement: Placement
     boxes: tuple[Box, ...]  # the parts this rank holds, in global coordinates
+    from_rank0: bool = False  # replicas may differ (module buffers): rank 0's copy is written
 
     @property
     def nbytes(self) -> int:

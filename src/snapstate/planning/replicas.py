@@ -25,7 +25,7 @@ def replica_groups(all_metas: list[list[ItemMeta]]) -> list[ReplicaGroup]:
     holders: dict[tuple[str, tuple[int, ...], tuple[int, ...]], tuple[Box, list[int]]] = {}
     for rank, metas in enumerate(all_metas):
         for meta in metas:
-            if meta.placement is Placement.RANK_LOCAL:
+            if meta.placement is Placement.RANK_LOCAL or meta.from_rank0:
                 continue
             for box in meta.boxes:
                 entry = holders.get((meta.key, box.offsets, box.sizes))

@@ -53,7 +53,7 @@ def local_data(t: torch.Tensor) -> torch.Tensor:
     return t.to_local() if is_dtensor(t) else t  # type: ignore[attr-defined]
 
 
-def item_meta(key: str, t: torch.Tensor, rank_local: bool) -> ItemMeta:
+def item_meta(key: str, t: torch.Tensor, rank_local: bool, from_rank0: bool = False) -> ItemMeta:
     name = dtype_name(t.dtype)
     shape = tuple(t.shape)
     if rank_local:
@@ -63,7 +63,7 @@ def item_meta(key: str, t: torch.Tensor, rank_local: bool) -> ItemMeta:
     if is_dtensor(t):
         check_placements(key, t)
         return ItemMeta(key, name, shape, itemsize(t.dtype), Placement.SHARD, (local_box(t),))
-    return ItemMeta(key, name, shape, itemsize(t.dtype), Placement.REPLICATE, (Box.full(shape),))
+    return ItemMeta(key, name, shape, itemsize(t.dtype), Placement.REPLICATE, (Box.full(shape),), from_rank0)
 
 
 def source_view(t: torch.Tensor, box: Box) -> torch.Tensor:

@@ -50,6 +50,9 @@ class FlatState:
     kinds: dict[str, str] = field(default_factory=dict)  # key -> "tensor" | "ndarray" | "npscalar"
     rank_local_trees: dict[str, Node] = field(default_factory=dict)
     rank_local_tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Module buffers (BatchNorm statistics...): under DDP each rank updates its own between
+    # steps and rank 0's copy is the one DDP broadcasts, so rank 0 writes them, unchecked.
+    rank0_keys: set[str] = field(default_factory=set)
 
 
 def flatten_state(state: Any) -> FlatState:
@@ -70,6 +73,8 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
         flat.rank_local_trees[path] = {"s": _visit(obj.state_dict(), path, flat, rank_local=True)}
         return {"rl": path}
     if is_stateful(obj):
+        if isinstance(obj, torch.nn.Module) and not rank_local:
+            flat.rank0_keys.update(join_key(path, name) for name, _ in obj.named_buffers())
         return {"s": _visit(obj.state_dict(), path, flat, rank_local)}
     if isinstance(obj, dict):
         return {"d": [[_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local)] for k, v in obj.items()]}
