@@ -118,10 +118,13 @@ def finish_rank(
         check_markers(replicas or [], markers)  # replicas that diverged: ReplicaMismatchError, no commit
         manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
         storage.write_atomic(MANIFEST, manifest.to_json())
-        storage.remove_tree(MARKERS)
     except BaseException as exc:
         barrier.decide(describe(exc), getattr(exc, "arrived", arrived), wait=timeout)  # the ranks waiting hear why
         raise
+    try:  # committed: the markers are invisible leftovers now, and tidying them is no failure
+        storage.remove_tree(MARKERS)
+    except OSError:
+        pass
     barrier.decide(OK, arrived, wait=timeout)  # return once every rank knows the outcome
     return time.perf_counter() - started
 

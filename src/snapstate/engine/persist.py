@@ -38,6 +38,7 @@ class RankWriter:
         self.block_bytes = block_bytes
         self.stats = PersistStats()
         self.error: BaseException | None = None
+        self._aborted = False
         self._lock = threading.Lock()
         self._writers: dict[str, FileWriter] = {}
         self._hashers: dict[tuple[str, int, int], BlockHasher] = {}
@@ -108,10 +109,16 @@ class RankWriter:
         return self.stats
 
     def abort(self) -> None:
+        self._aborted = True  # queued pieces are dropped, not written
         held, self._held = self._held or [], None
         for _, _, staged, _ in held:  # never written: give their buffers back
             if staged.release:
                 staged.release()
+        for q in self._queues:  # threads drain (releasing staged buffers) and exit
+            q.put(_STOP)
+        for t in self._threads:  # before closing: no thread may write to a closed (reused) fd
+            if t.ident is not None:
+                t.join()
         for writer in self._writers.values():
             writer.abort()
 
@@ -123,7 +130,7 @@ class RankWriter:
                 return
             placed, offset, staged, last = job
             try:
-                if self.error is None:
+                if self.error is None and not self._aborted:
                     self._write(placed, offset, staged)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)

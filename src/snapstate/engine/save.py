@@ -11,7 +11,7 @@ import torch
 from snapstate.dist.coordinator import Coordinator
 from snapstate.dist.exchange import exchange_plan
 from snapstate.dist.replicas import ReplicaHasher
-from snapstate.engine.commit import finish_rank, report_failure, write_marker
+from snapstate.engine.commit import MARKERS, finish_rank, marker_path, report_failure, write_marker
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter
 from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager, row_pieces
@@ -60,7 +60,9 @@ def start_save(
     rank_plan = prepared.plan.for_rank(coord.rank)
     try:
         writer = RankWriter(storage, rank_plan, options.block_bytes, options.threads, hold=pool is not None)
-        _stage_all(prepared.flat, rank_plan, writer, Stager(pool, options.timeout, before_wait=writer.flush), options.piece_bytes)
+        # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
+        piece_bytes = min(options.piece_bytes, pool.slab_bytes) if pool is not None else options.piece_bytes
+        _stage_all(prepared.flat, rank_plan, writer, Stager(pool, options.timeout, before_wait=writer.flush), piece_bytes)
         if pool is not None and prepared.hasher is not None:
             prepared.hasher.result()  # the values of the call: the caller may change them once we return
     except BaseException as exc:
@@ -77,9 +79,14 @@ def start_save(
             write_marker(storage, coord.rank, _marker(coord.rank, prepared, rank_plan, stats, options, blocking_s))
         except BaseException as exc:
             report_failure(coord, prepared.save_id, exc)
+            _discard(storage, coord.rank, rank_plan)
             raise
         persist_s = time.perf_counter() - started - blocking_s
-        commit_s = finish_rank(coord, storage, prepared.save_id, prepared.plan, prepared.flat.tree, step, options.timeout, prepared.replicas)
+        try:
+            commit_s = finish_rank(coord, storage, prepared.save_id, prepared.plan, prepared.flat.tree, step, options.timeout, prepared.replicas)
+        except BaseException:
+            _discard(storage, coord.rank, rank_plan)
+            raise
         return SaveResult(
             path=storage.root, step=step, rank=coord.rank, world_size=coord.world_size, bytes_written=rank_plan.nbytes,
             files=[f.path for f in rank_plan.files], blocking_s=blocking_s, persist_s=persist_s, commit_s=commit_s,
@@ -89,6 +96,24 @@ def start_save(
     if pool is None:
         return SaveHandle(result=persist_and_commit())
     return SaveHandle(run=persist_and_commit)
+
+
+def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
+    """Remove what this rank wrote for a save that will not commit (shards, marker).
+
+    Best effort: the save's own error is the one to report, and a manager removes any
+    leftovers of uncommitted saves when it starts.
+    """
+    try:
+        if storage.exists(MANIFEST):  # the failure came after the commit point: keep the checkpoint
+            return
+        for f in rank_plan.files:
+            storage.remove(f.path)
+        storage.remove(marker_path(rank))
+        if rank == 0:
+            storage.remove_tree(MARKERS)
+    except Exception:  # noqa: BLE001 - see the docstring
+        pass
 
 
 def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
@@ -119,7 +144,7 @@ def _clear_target(storage: Storage, overwrite: bool) -> None:
 
 
 def _item_metas(flat: FlatState) -> list[ItemMeta]:
-    metas = [item_meta(k, t, rank_local=False) for k, t in flat.tensors.items()]
+    metas = [item_meta(k, t, rank_local=False, from_rank0=k in flat.rank0_keys) for k, t in flat.tensors.items()]
     metas += [item_meta(k, t, rank_local=True) for k, t in flat.rank_local_tensors.items()]
     return metas
 

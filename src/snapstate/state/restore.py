@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from snapstate.errors import StateMismatch
+from snapstate.format.dtypes import empty_tensor
 from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key
 from snapstate.state.stateful import is_stateful
@@ -47,7 +48,7 @@ class RestorePlan:
     assignments: list[tuple[Any, Any, Any]] = field(default_factory=list)
 
     def apply_structure(self) -> None:
-        """Put the planned values in their containers (before reads and finalizers)."""
+        """Put the planned values in their containers (after the reads, before finalizers)."""
         for container, key, value in self.assignments:
             container[key] = value
 
@@ -218,7 +219,7 @@ def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local:
 def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> Any:
     template = walk.templates.get(key.rsplit("/", 1)[0]) if stored.kind == "tensor" and not rank_local else None
     placed = allocate_like(template, stored.shape, stored.dtype) if template is not None else None
-    tensor = placed if placed is not None else torch.empty(stored.shape, dtype=stored.dtype)
+    tensor = placed if placed is not None else empty_tensor(stored.shape, stored.dtype)
     walk.plan.reads.append(ReadRequest(key, tensor, rank_local))
     if stored.kind == "tensor":
         return tensor
