@@ -94,12 +94,12 @@ def load_into(
         raise error
     tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
     result = LoadResult(storage.root, skipped=SkippedKeys(missing=[m.key for m in plan.mismatches if m.problem.startswith("missing")], mismatched=plan.mismatches))
-    plan.apply_structure()
     if shared:
         stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
         result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
     else:
         result.bytes_read = run_reads(storage, tasks, threads)
+    plan.apply_structure()  # after the reads: a corrupt checkpoint leaves the containers as they were
     for finalize in plan.finalizers:
         finalize()
     result.seconds = time.perf_counter() - started

@@ -14,9 +14,15 @@ class Stateful(Protocol):
     def load_state_dict(self, state_dict: dict[str, Any]) -> Any: ...
 
 
+_PLAIN = (bool, int, float, str, bytes, type(None), dict, list, tuple)
+
+
 def is_stateful(obj: Any) -> bool:
-    # Tensors have neither method; classes (not instances) must not be called.
-    return not isinstance(obj, type) and isinstance(obj, Stateful)
+    # Same answer as isinstance(obj, Stateful), which is slow (it walks the Protocol's members)
+    # and runs for every node of a state tree. Classes (not instances) must not be called.
+    if type(obj) in _PLAIN or isinstance(obj, type):
+        return False
+    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
 
 
 class RankLocal:
