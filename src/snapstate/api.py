@@ -42,8 +42,14 @@ def wait_for_pending() -> None:
 
 
 def save(
-    state: Any, path: PathLike, *, step: int | None = None, process_group: Any = None,
-    timeout: float | None = None, overwrite: bool = False, options: SaveOptions | None = None,
+    state: Any,
+    path: PathLike,
+    *,
+    step: int | None = None,
+    process_group: Any = None,
+    timeout: float | None = None,
+    overwrite: bool = False,
+    options: SaveOptions | None = None,
 ) -> SaveResult:
     """Save ``state`` to the directory ``path`` and return once it is committed.
 
@@ -51,12 +57,25 @@ def save(
     """
     wait_for_pending()
     opts = _options(options, timeout, overwrite)
-    return start_save(state, storage_for(path), default_coordinator(process_group), pool=None, step=step, options=opts).wait()
+    return start_save(
+        state,
+        storage_for(path),
+        default_coordinator(process_group),
+        pool=None,
+        step=step,
+        options=opts,
+    ).wait()
 
 
 def async_save(
-    state: Any, path: PathLike, *, step: int | None = None, process_group: Any = None,
-    timeout: float | None = None, overwrite: bool = False, options: SaveOptions | None = None,
+    state: Any,
+    path: PathLike,
+    *,
+    step: int | None = None,
+    process_group: Any = None,
+    timeout: float | None = None,
+    overwrite: bool = False,
+    options: SaveOptions | None = None,
     pool: HostBufferPool | None = None,
 ) -> SaveHandle:
     """Stage ``state`` into host buffers and return; writing and commit continue in the background.
@@ -68,14 +87,27 @@ def async_save(
     global _in_flight
     wait_for_pending()
     opts = _options(options, timeout, overwrite)
-    handle = start_save(state, storage_for(path), default_coordinator(process_group), pool=pool or default_pool(), step=step, options=opts)
+    handle = start_save(
+        state,
+        storage_for(path),
+        default_coordinator(process_group),
+        pool=pool or default_pool(),
+        step=step,
+        options=opts,
+    )
     _in_flight = handle
     return handle
 
 
 def load(
-    state: Any, path: PathLike, *, strict: bool = True, process_group: Any = None,
-    rank_local: Literal["load", "skip"] = "load", timeout: float | None = None, read_once: bool = True,
+    state: Any,
+    path: PathLike,
+    *,
+    strict: bool = True,
+    process_group: Any = None,
+    rank_local: Literal["load", "skip"] = "load",
+    timeout: float | None = None,
+    read_once: bool = True,
 ) -> LoadResult:
     """Fill ``state`` in place from the checkpoint at ``path``.
 
@@ -90,7 +122,9 @@ def load(
     try:
         manifest = read_manifest(storage)
     except CheckpointError as exc:
-        if coord.world_size > 1 and read_once:  # the others are entering the load's collective: fail them too
+        if (
+            coord.world_size > 1 and read_once
+        ):  # the others are entering the load's collective: fail them too
             from snapstate.dist.loadshare import fail_together, transport_ok
 
             if transport_ok(coord):
@@ -100,9 +134,16 @@ def load(
     if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
         raise IncompatibleStateError(
             storage.root,
-            [StateMismatch("<rank-local>", f"saved on {manifest.world_size} ranks, loading on {coord.world_size}; pass rank_local='skip' to leave rank-local state as it is")],
+            [
+                StateMismatch(
+                    "<rank-local>",
+                    f"saved on {manifest.world_size} ranks, loading on {coord.world_size}; pass rank_local='skip' to leave rank-local state as it is",
+                )
+            ],
         )
-    return load_into(state, storage, manifest, rank, strict=strict, coord=coord, read_once=read_once)
+    return load_into(
+        state, storage, manifest, rank, strict=strict, coord=coord, read_once=read_once
+    )
 
 
 def verify(path: PathLike) -> VerifyReport:

@@ -44,13 +44,23 @@ def inspect(path: str, as_json: bool) -> None:
     for col in ("key", "dtype", "shape", "placement", "chunks", "bytes"):
         table.add_column(col, justify="right" if col in ("chunks", "bytes") else "left")
     for key, rec in sorted(manifest.all_tensors().items()):
-        table.add_row(key, rec.dtype, str(rec.shape), rec.placement, str(len(rec.chunks)), human(rec.nbytes))
+        table.add_row(
+            key, rec.dtype, str(rec.shape), rec.placement, str(len(rec.chunks)), human(rec.nbytes)
+        )
     console.print(table)
     totals = manifest.totals
-    console.print(f"files: {totals.get('files')}   bytes: {human(totals.get('bytes', 0))}   bytes per rank: {[human(b) for b in totals.get('bytes_per_rank', [])]}")
+    console.print(
+        f"files: {totals.get('files')}   bytes: {human(totals.get('bytes', 0))}   bytes per rank: {[human(b) for b in totals.get('bytes_per_rank', [])]}"
+    )
     per_rank = manifest.timings.get("per_rank", [])
     if per_rank:
-        console.print("timings per rank (s): " + ", ".join(f"r{i}: blocking {t.get('blocking_s', 0):.3f} write {t.get('write_s', 0):.3f}" for i, t in enumerate(per_rank)))
+        console.print(
+            "timings per rank (s): "
+            + ", ".join(
+                f"r{i}: blocking {t.get('blocking_s', 0):.3f} write {t.get('write_s', 0):.3f}"
+                for i, t in enumerate(per_rank)
+            )
+        )
 
 
 def summary(manifest: Manifest) -> dict[str, Any]:
@@ -64,7 +74,13 @@ def summary(manifest: Manifest) -> dict[str, Any]:
         "timings": manifest.timings,
         "files": {p: {"bytes": f.bytes, "rank": f.rank} for p, f in manifest.files.items()},
         "tensors": {
-            k: {"dtype": r.dtype, "shape": r.shape, "placement": r.placement, "bytes": r.nbytes, "chunks": len(r.chunks)}
+            k: {
+                "dtype": r.dtype,
+                "shape": r.shape,
+                "placement": r.placement,
+                "bytes": r.nbytes,
+                "chunks": len(r.chunks),
+            }
             for k, r in manifest.all_tensors().items()
         },
     }
@@ -75,7 +91,9 @@ def summary(manifest: Manifest) -> dict[str, Any]:
 def verify(path: str) -> None:
     """Check every checksum; exit 1 with the reason on corruption."""
     report = _or_exit(lambda: _verify_with_progress(path))
-    click.echo(f"ok: {report.tensors} tensors, {report.chunks} chunks, {human(report.bytes_checked)} verified in {report.files} files")
+    click.echo(
+        f"ok: {report.tensors} tensors, {report.chunks} chunks, {human(report.bytes_checked)} verified in {report.files} files"
+    )
 
 
 def _verify_with_progress(path: str) -> Any:
@@ -109,7 +127,13 @@ def ls(root: str) -> None:
             continue
         try:
             m = api.inspect(storage.child(name).root)
-            table.add_row(str(int(match.group(1))), "committed", human(m.totals.get("bytes", 0)), str(m.totals.get("files")), str(m.world_size))
+            table.add_row(
+                str(int(match.group(1))),
+                "committed",
+                human(m.totals.get("bytes", 0)),
+                str(m.totals.get("files")),
+                str(m.world_size),
+            )
         except CheckpointError as exc:
             state = "uncommitted" if "not committed" in str(exc) else f"invalid: {exc}"[:60]
             table.add_row(str(int(match.group(1))), state, "-", "-", "-")
@@ -137,7 +161,10 @@ def _or_exit(fn: Any) -> Any:
 
 
 def _attach_optional_commands() -> None:
-    for module, names in (("snapstate.bench.cli", ("bench", "demo")), ("snapstate.plansim", ("plan_sim",))):
+    for module, names in (
+        ("snapstate.bench.cli", ("bench", "demo")),
+        ("snapstate.plansim", ("plan_sim",)),
+    ):
         try:
             mod = __import__(module, fromlist=list(names))
         except ImportError:

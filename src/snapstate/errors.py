@@ -35,7 +35,9 @@ class CorruptCheckpointError(CheckpointError, ValueError):
     """A checkpoint file or manifest failed validation; names the file and the key."""
 
     def __init__(self, message: str, *, file: str | None = None, key: str | None = None) -> None:
-        where = ", ".join(p for p in (f"file {file}" if file else "", f"key {key!r}" if key else "") if p)
+        where = ", ".join(
+            p for p in (f"file {file}" if file else "", f"key {key!r}" if key else "") if p
+        )
         super().__init__(f"{message} ({where})" if where else message)
         self.reason = message
         self.file = file

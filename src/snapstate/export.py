@@ -30,9 +30,17 @@ def materialize(path: str | os.PathLike[str], rank: int | None = None) -> Any:
         rec = find(key, rank_local)
         return StoredTensor(dtype_from_name(rec.dtype), tuple(rec.shape), rec.kind) if rec else None
 
-    trees = manifest.rank_local[rank].trees if rank is not None and rank in manifest.rank_local else None
+    trees = (
+        manifest.rank_local[rank].trees
+        if rank is not None and rank in manifest.rank_local
+        else None
+    )
     value, plan = plan_materialize(manifest.tree, lookup, trees)
-    tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
+    tasks = [
+        t
+        for req in plan.reads
+        for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)
+    ]  # type: ignore[arg-type]
     run_reads(storage, tasks, DEFAULT_READ_THREADS)
     plan.apply_structure()
     for finalize in plan.finalizers:  # numpy scalars take their slots once read
@@ -40,7 +48,9 @@ def materialize(path: str | os.PathLike[str], rank: int | None = None) -> Any:
     return value
 
 
-def export_checkpoint(path: str | os.PathLike[str], to: Literal["torch", "safetensors"], out: str | os.PathLike[str]) -> int:
+def export_checkpoint(
+    path: str | os.PathLike[str], to: Literal["torch", "safetensors"], out: str | os.PathLike[str]
+) -> int:
     """Write the consolidated state to ``out``; returns the number of tensors written."""
     state = materialize(path)
     if to == "torch":
@@ -57,7 +67,11 @@ def export_checkpoint(path: str | os.PathLike[str], to: Literal["torch", "safete
                 tensors[key] = leaf.contiguous()
             else:
                 values[key] = leaf
-        save_file(tensors, os.fspath(out), metadata={"format": "snapstate-export", "values": json.dumps(values)})
+        save_file(
+            tensors,
+            os.fspath(out),
+            metadata={"format": "snapstate-export", "values": json.dumps(values)},
+        )
         return len(tensors)
     raise ValueError(f"unknown export format {to!r}; use 'torch' or 'safetensors'")
 

@@ -36,7 +36,11 @@ class RootLock:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self.token = uuid.uuid4().hex
-        self.owner: dict[str, object] = {"pid": os.getpid(), "host": socket.gethostname(), "token": self.token}
+        self.owner: dict[str, object] = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "token": self.token,
+        }
         self.held = False
 
     def acquire(self) -> None:
@@ -74,7 +78,9 @@ class RootLock:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except FileExistsError:
-            raise CheckpointLockedError(f"{self.storage.root} was locked by another manager just now ({LOCK_FILE})") from None
+            raise CheckpointLockedError(
+                f"{self.storage.root} was locked by another manager just now ({LOCK_FILE})"
+            ) from None
         with os.fdopen(fd, "w") as f:
             f.write(json.dumps(self.owner))
 

@@ -39,8 +39,14 @@ class CheckpointManager:
     """
 
     def __init__(
-        self, root: str | os.PathLike[str] | Storage, keep_last: int | None = None, keep_every: int | None = None,
-        async_save: bool = True, *, timeout: float | None = None, process_group: Any = None,
+        self,
+        root: str | os.PathLike[str] | Storage,
+        keep_last: int | None = None,
+        keep_every: int | None = None,
+        async_save: bool = True,
+        *,
+        timeout: float | None = None,
+        process_group: Any = None,
         options: SaveOptions | None = None,
     ) -> None:
         if keep_last is not None and keep_last < 1:
@@ -62,7 +68,9 @@ class CheckpointManager:
     # -- queries -----------------------------------------------------------------
     def steps(self) -> list[int]:
         """Committed steps, oldest first."""
-        return sorted(s for s, name in self._step_dirs() if self.storage.exists(f"{name}/manifest.json"))
+        return sorted(
+            s for s, name in self._step_dirs() if self.storage.exists(f"{name}/manifest.json")
+        )
 
     def latest_step(self) -> int | None:
         steps = self.steps()
@@ -72,13 +80,22 @@ class CheckpointManager:
         """Where ``step`` lives: a path or URL, or a child Storage when a Storage was given."""
         if self._given_storage:
             return self.storage.child(step_dir(step))
-        return os.path.join(self.root, step_dir(step)) if "://" not in self.root else f"{self.root.rstrip('/')}/{step_dir(step)}"
+        return (
+            os.path.join(self.root, step_dir(step))
+            if "://" not in self.root
+            else f"{self.root.rstrip('/')}/{step_dir(step)}"
+        )
 
     # -- save / restore ----------------------------------------------------------
     def save(self, step: int, state: Any) -> SaveHandle | SaveResult:
         """Checkpoint ``state`` as ``step``; async managers return a handle after staging."""
         self.wait()
-        kwargs = {"step": step, "process_group": self.process_group, "timeout": self.timeout, "options": self.options}
+        kwargs = {
+            "step": step,
+            "process_group": self.process_group,
+            "timeout": self.timeout,
+            "options": self.options,
+        }
         if not self.async_save:
             result = api.save(state, self.path(step), **kwargs)
             self._apply_retention()
@@ -96,13 +113,21 @@ class CheckpointManager:
         if step is not None:
             api.load(state, self.path(step), strict=strict, process_group=self.process_group)
             return step
-        steps = self.steps() if self.coord.world_size == 1 else self.coord.all_gather(self.steps())[0]
-        for candidate in reversed(steps):  # rank 0's listing: every rank tries the same steps in the same order
+        steps = (
+            self.steps() if self.coord.world_size == 1 else self.coord.all_gather(self.steps())[0]
+        )
+        for candidate in reversed(
+            steps
+        ):  # rank 0's listing: every rank tries the same steps in the same order
             error = self._try_load(state, candidate, strict)
             if error is None:
                 return candidate
             self.corrupt_steps[candidate] = error
-            log.warning("snapstate: checkpoint step %d is not usable (%s); trying the previous one", candidate, error)
+            log.warning(
+                "snapstate: checkpoint step %d is not usable (%s); trying the previous one",
+                candidate,
+                error,
+            )
         return None
 
     def wait(self) -> SaveResult | None:
@@ -140,7 +165,11 @@ class CheckpointManager:
         return failures[0] if failures else None
 
     def _step_dirs(self) -> list[tuple[int, str]]:
-        return [(int(m.group(1)), name) for name in self.storage.listdir() if (m := STEP_DIR.match(name))]
+        return [
+            (int(m.group(1)), name)
+            for name in self.storage.listdir()
+            if (m := STEP_DIR.match(name))
+        ]
 
     def _remove_uncommitted(self) -> None:
         for _, name in self._step_dirs():

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 
-def steps_to_delete(committed: list[int], keep_last: int | None, keep_every: int | None) -> list[int]:
+def steps_to_delete(
+    committed: list[int], keep_last: int | None, keep_every: int | None
+) -> list[int]:
     """Steps outside the policy. The newest committed step is always kept."""
     if keep_last is None or not committed:
         return []

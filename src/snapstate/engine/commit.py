@@ -47,29 +47,58 @@ def read_markers(storage: Storage, world_size: int) -> list[dict[str, Any]]:
     return [json.loads(storage.read_bytes(marker_path(r))) for r in range(world_size)]
 
 
-def assemble_manifest(plan: SavePlan, markers: list[dict[str, Any]], tree: dict[str, Any], step: int | None, timings: dict[str, Any]) -> Manifest:
+def assemble_manifest(
+    plan: SavePlan,
+    markers: list[dict[str, Any]],
+    tree: dict[str, Any],
+    step: int | None,
+    timings: dict[str, Any],
+) -> Manifest:
     """Pure: the manifest from the plan and what every rank reported."""
-    tree = merge_trees(tree, [m["tree"] for m in markers if "tree" in m])  # ranks whose structure differs
-    tensors = {key: _record(meta, markers[0]["kinds"].get(key, "tensor")) for key, meta in plan.metas.items()}
+    tree = merge_trees(
+        tree, [m["tree"] for m in markers if "tree" in m]
+    )  # ranks whose structure differs
+    tensors = {
+        key: _record(meta, markers[0]["kinds"].get(key, "tensor"))
+        for key, meta in plan.metas.items()
+    }
     rank_local: dict[int, RankLocalRecord] = {}
     files: dict[str, FileRecord] = {}
     for marker in markers:
         rank = marker["rank"]
         local = RankLocalRecord(marker["rank_local"]["trees"], {})
         for key, info in marker["rank_local"]["tensors"].items():
-            local.tensors[key] = TensorRecord(info["dtype"], info["shape"], info["kind"], "rank_local", [])
+            local.tensors[key] = TensorRecord(
+                info["dtype"], info["shape"], info["kind"], "rank_local", []
+            )
         for path, size in marker["files"].items():
             files[path] = FileRecord(size, rank)
         for c in marker["chunks"]:
-            record = ChunkRecord(c["offsets"], c["sizes"], c["file"], c["name"], c["start"], c["end"], c["block_bytes"], c["xxh3"])
-            (local.tensors if c["placement"] == "rank_local" else tensors)[c["key"]].chunks.append(record)
+            record = ChunkRecord(
+                c["offsets"],
+                c["sizes"],
+                c["file"],
+                c["name"],
+                c["start"],
+                c["end"],
+                c["block_bytes"],
+                c["xxh3"],
+            )
+            (local.tensors if c["placement"] == "rank_local" else tensors)[c["key"]].chunks.append(
+                record
+            )
         if local.trees or local.tensors:
             rank_local[rank] = local
     for rec in [*tensors.values(), *(t for r in rank_local.values() for t in r.tensors.values())]:
         rec.chunks.sort(key=lambda c: c.offsets)
     per_rank = [sum(m["files"].values()) for m in markers]
     return Manifest(
-        tree=tree, tensors=tensors, rank_local=rank_local, files=files, world_size=len(markers), step=step,
+        tree=tree,
+        tensors=tensors,
+        rank_local=rank_local,
+        files=files,
+        world_size=len(markers),
+        step=step,
         created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         versions=_versions(),
         totals={
@@ -89,11 +118,21 @@ def _record(meta: ItemMeta, kind: str) -> TensorRecord:
 def _versions() -> dict[str, str]:
     from snapstate import __version__
 
-    return {"snapstate": __version__, "torch": torch.__version__, "python": platform.python_version()}
+    return {
+        "snapstate": __version__,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
 
 
 def finish_rank(
-    coord: Coordinator, storage: Storage, save_id: str, plan: SavePlan, tree: dict[str, Any], step: int | None, timeout: float,
+    coord: Coordinator,
+    storage: Storage,
+    save_id: str,
+    plan: SavePlan,
+    tree: dict[str, Any],
+    step: int | None,
+    timeout: float,
     replicas: list[ReplicaGroup] | None = None,
 ) -> float:
     """After this rank's marker is written: arrive, then commit (coordinator) or wait for the commit.
@@ -115,11 +154,15 @@ def finish_rank(
         if failed:
             raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
         markers = read_markers(storage, coord.world_size)
-        check_markers(replicas or [], markers)  # replicas that diverged: ReplicaMismatchError, no commit
+        check_markers(
+            replicas or [], markers
+        )  # replicas that diverged: ReplicaMismatchError, no commit
         manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
         storage.write_atomic(MANIFEST, manifest.to_json())
     except BaseException as exc:
-        barrier.decide(describe(exc), getattr(exc, "arrived", arrived), wait=timeout)  # the ranks waiting hear why
+        barrier.decide(
+            describe(exc), getattr(exc, "arrived", arrived), wait=timeout
+        )  # the ranks waiting hear why
         raise
     try:  # committed: the markers are invisible leftovers now, and tidying them is no failure
         storage.remove_tree(MARKERS)
@@ -137,4 +180,10 @@ def report_failure(coord: Coordinator, save_id: str, exc: BaseException) -> None
         pass
 
 
-__all__ = ["CheckpointTimeoutError", "assemble_manifest", "finish_rank", "report_failure", "write_marker"]
+__all__ = [
+    "CheckpointTimeoutError",
+    "assemble_manifest",
+    "finish_rank",
+    "report_failure",
+    "write_marker",
+]

@@ -27,13 +27,17 @@ class SaveResult:
 class SaveHandle:
     """An asynchronous save in flight. ``wait()`` returns its SaveResult or raises its error."""
 
-    def __init__(self, run: Callable[[], SaveResult] | None = None, result: SaveResult | None = None) -> None:
+    def __init__(
+        self, run: Callable[[], SaveResult] | None = None, result: SaveResult | None = None
+    ) -> None:
         self._result = result
         self._error: BaseException | None = None
         self.observed = result is not None
         self._thread: threading.Thread | None = None
         if run is not None:
-            self._thread = threading.Thread(target=self._target, args=(run,), name="snapstate-save", daemon=True)
+            self._thread = threading.Thread(
+                target=self._target, args=(run,), name="snapstate-save", daemon=True
+            )
             self._thread.start()
 
     def _target(self, run: Callable[[], SaveResult]) -> None:

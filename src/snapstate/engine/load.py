@@ -42,7 +42,9 @@ class LoadResult:
     path: str
     bytes_read: int = 0  # from storage, by this rank
     seconds: float = 0.0
-    bytes_received: int = 0  # from other ranks that read shared bytes once for all (distributed loads)
+    bytes_received: int = (
+        0  # from other ranks that read shared bytes once for all (distributed loads)
+    )
     skipped: SkippedKeys = field(default_factory=SkippedKeys)
 
 
@@ -67,8 +69,15 @@ def records_for(manifest: Manifest, rank: int | None) -> Callable[[str, bool], T
 
 
 def load_into(
-    state: Any, storage: Storage, manifest: Manifest, rank: int | None, *, strict: bool, threads: int = DEFAULT_READ_THREADS,
-    coord: Coordinator | None = None, read_once: bool = True,
+    state: Any,
+    storage: Storage,
+    manifest: Manifest,
+    rank: int | None,
+    *,
+    strict: bool,
+    threads: int = DEFAULT_READ_THREADS,
+    coord: Coordinator | None = None,
+    read_once: bool = True,
 ) -> LoadResult:
     """Fill ``state`` in place. ``rank=None`` skips rank-local state.
 
@@ -85,15 +94,29 @@ def load_into(
         rec = find(key, rank_local)
         return StoredTensor(dtype_from_name(rec.dtype), tuple(rec.shape), rec.kind) if rec else None
 
-    rl_trees = manifest.rank_local[rank].trees if rank is not None and rank in manifest.rank_local else ({} if rank is not None else None)
+    rl_trees = (
+        manifest.rank_local[rank].trees
+        if rank is not None and rank in manifest.rank_local
+        else ({} if rank is not None else None)
+    )
     plan = plan_restore(state, manifest.tree, lookup, rl_trees)
     if plan.mismatches and strict:
         error = IncompatibleStateError(storage.root, plan.mismatches)
         if shared:
             fail_together(coord, error)  # type: ignore[arg-type]
         raise error
-    tasks = [t for req in plan.reads for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)]  # type: ignore[arg-type]
-    result = LoadResult(storage.root, skipped=SkippedKeys(missing=[m.key for m in plan.mismatches if m.problem.startswith("missing")], mismatched=plan.mismatches))
+    tasks = [
+        t
+        for req in plan.reads
+        for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)
+    ]  # type: ignore[arg-type]
+    result = LoadResult(
+        storage.root,
+        skipped=SkippedKeys(
+            missing=[m.key for m in plan.mismatches if m.problem.startswith("missing")],
+            mismatched=plan.mismatches,
+        ),
+    )
     if shared:
         stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
         result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
@@ -112,7 +135,11 @@ def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[Rea
     tasks = []
     for chunk in record.chunks:
         part = overlap(Box(tuple(chunk.offsets), tuple(chunk.sizes)), box)
-        if part is None and box.numel == 0 and Box(tuple(chunk.offsets), tuple(chunk.sizes)).numel == 0:
+        if (
+            part is None
+            and box.numel == 0
+            and Box(tuple(chunk.offsets), tuple(chunk.sizes)).numel == 0
+        ):
             continue
         if part is not None:
             tasks.append(ReadTask(key, record, chunk, part, data[local_slices(box, part)]))
@@ -138,12 +165,22 @@ def run_reads(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
 
 def _reads_whole_chunk(task: ReadTask) -> bool:
     chunk = task.chunk
-    return task.part == Box(tuple(chunk.offsets), tuple(chunk.sizes)) and task.target.is_contiguous() and task.target.device.type == "cpu"
+    return (
+        task.part == Box(tuple(chunk.offsets), tuple(chunk.sizes))
+        and task.target.is_contiguous()
+        and task.target.device.type == "cpu"
+    )
 
 
 def _direct_read(task: ReadTask) -> DirectRead:
     out = byte_view(task.target)
-    return DirectRead(task.chunk.file, task.chunk.start, out, task.key, functools.partial(_verify, out, 0, task.chunk, task.key))
+    return DirectRead(
+        task.chunk.file,
+        task.chunk.start,
+        out,
+        task.key,
+        functools.partial(_verify, out, 0, task.chunk, task.key),
+    )
 
 
 def read_one(storage: Storage, task: ReadTask) -> int:
@@ -163,17 +200,36 @@ def read_one(storage: Storage, task: ReadTask) -> int:
     view = byte_view(buffer)
     _read(storage, chunk, chunk.start + span.start, view, task.key)
     _verify(view, span.first_block, chunk, task.key)
-    bits_view(task.target).copy_(bits_view(_select(buffer, span.start, span.row_start, chunk_box, task.part, dtype, itemsize)))
+    bits_view(task.target).copy_(
+        bits_view(
+            _select(buffer, span.start, span.row_start, chunk_box, task.part, dtype, itemsize)
+        )
+    )
     return len(view)
 
 
-def _select(buffer: torch.Tensor, span_start: int, row_start: int, chunk: Box, part: Box, dtype: torch.dtype, itemsize: int) -> torch.Tensor:
+def _select(
+    buffer: torch.Tensor,
+    span_start: int,
+    row_start: int,
+    chunk: Box,
+    part: Box,
+    dtype: torch.dtype,
+    itemsize: int,
+) -> torch.Tensor:
     if not chunk.sizes:
         return buffer.view(dtype).view(())
     row_bytes = math.prod(chunk.sizes[1:]) * itemsize
     begin = row_start * row_bytes - span_start
-    rows = buffer[begin : begin + part.sizes[0] * row_bytes].view(dtype).view(part.sizes[0], *chunk.sizes[1:])
-    inner = tuple(slice(p - c, p - c + s) for p, c, s in zip(part.offsets[1:], chunk.offsets[1:], part.sizes[1:]))
+    rows = (
+        buffer[begin : begin + part.sizes[0] * row_bytes]
+        .view(dtype)
+        .view(part.sizes[0], *chunk.sizes[1:])
+    )
+    inner = tuple(
+        slice(p - c, p - c + s)
+        for p, c, s in zip(part.offsets[1:], chunk.offsets[1:], part.sizes[1:])
+    )
     return rows[(slice(None), *inner)]
 
 
@@ -183,13 +239,17 @@ def _read(storage: Storage, chunk: ChunkRecord, offset: int, out: memoryview, ke
     except FileNotFoundError:
         raise CorruptCheckpointError("shard file is missing", file=chunk.file, key=key) from None
     except EOFError as exc:
-        raise CorruptCheckpointError(f"shard file is truncated: {exc}", file=chunk.file, key=key) from None
+        raise CorruptCheckpointError(
+            f"shard file is truncated: {exc}", file=chunk.file, key=key
+        ) from None
 
 
 def _verify(data: memoryview, first_block: int, chunk: ChunkRecord, key: str) -> None:
     bad = verify_blocks(data, first_block, chunk.block_bytes, chunk.xxh3)
     if bad is not None:
-        raise CorruptCheckpointError(f"checksum mismatch in block {bad} of chunk {chunk.name!r}", file=chunk.file, key=key)
+        raise CorruptCheckpointError(
+            f"checksum mismatch in block {bad} of chunk {chunk.name!r}", file=chunk.file, key=key
+        )
 
 
 class _Counter:

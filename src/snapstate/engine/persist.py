@@ -24,13 +24,22 @@ _STOP = object()
 class PersistStats:
     bytes_written: int = 0
     write_s: float = 0.0
-    digests: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)  # (file, start, end) -> xxh3 blocks
+    digests: dict[tuple[str, int, int], list[str]] = field(
+        default_factory=dict
+    )  # (file, start, end) -> xxh3 blocks
 
 
 class RankWriter:
     """Writes one rank's planned files; ``submit`` pieces, then ``close`` to fsync and collect."""
 
-    def __init__(self, storage: Storage, plan: RankPlan, block_bytes: int, threads: int = 1, hold: bool = False) -> None:
+    def __init__(
+        self,
+        storage: Storage,
+        plan: RankPlan,
+        block_bytes: int,
+        threads: int = 1,
+        hold: bool = False,
+    ) -> None:
         self.storage = storage
         # An async save holds its pieces until staging ends (``flush``): on a few cores the
         # writer's copies and hashing would slow the staging copies that training waits for.
@@ -42,15 +51,27 @@ class RankWriter:
         self._lock = threading.Lock()
         self._writers: dict[str, FileWriter] = {}
         self._hashers: dict[tuple[str, int, int], BlockHasher] = {}
-        self._queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in range(max(1, threads))]
+        self._queues: list[queue.SimpleQueue] = [
+            queue.SimpleQueue() for _ in range(max(1, threads))
+        ]
         self._owner = {f.path: i % len(self._queues) for i, f in enumerate(plan.files)}
         self._files = plan.files
         # Each writer thread hands written pieces to its own hasher thread: hashing one piece
         # overlaps writing the next (both release the GIL), and each chunk still hashes in order.
         hash_queues: list[queue.SimpleQueue] = [queue.SimpleQueue() for _ in self._queues]
         self._threads = [
-            *(threading.Thread(target=self._run, args=(q, h), name=f"snapstate-persist-{i}", daemon=True) for i, (q, h) in enumerate(zip(self._queues, hash_queues))),
-            *(threading.Thread(target=self._run_hasher, args=(h,), name=f"snapstate-hash-{i}", daemon=True) for i, h in enumerate(hash_queues)),
+            *(
+                threading.Thread(
+                    target=self._run, args=(q, h), name=f"snapstate-persist-{i}", daemon=True
+                )
+                for i, (q, h) in enumerate(zip(self._queues, hash_queues))
+            ),
+            *(
+                threading.Thread(
+                    target=self._run_hasher, args=(h,), name=f"snapstate-hash-{i}", daemon=True
+                )
+                for i, h in enumerate(hash_queues)
+            ),
         ]
         try:
             for f in plan.files:
@@ -63,7 +84,9 @@ class RankWriter:
         if self._held is None:
             self._start()
 
-    def submit(self, placed: PlacedItem, offset_in_chunk: int, staged: StagedBytes, last: bool) -> None:
+    def submit(
+        self, placed: PlacedItem, offset_in_chunk: int, staged: StagedBytes, last: bool
+    ) -> None:
         if self.error is not None:
             if staged.release:
                 staged.release()
@@ -165,7 +188,11 @@ class RankWriter:
             self.stats.write_s += time.perf_counter() - started
 
     def _hash(self, placed: PlacedItem, staged: StagedBytes, last: bool) -> None:
-        key = (placed.file, placed.start, placed.end)  # an empty chunk starts where the next one does
+        key = (
+            placed.file,
+            placed.start,
+            placed.end,
+        )  # an empty chunk starts where the next one does
         hasher = self._hashers.setdefault(key, BlockHasher(self.block_bytes))
         hasher.update(staged.data)
         if last:

@@ -34,7 +34,9 @@ class SaveOptions:
     threads: int = 1  # writer threads per rank (files are spread over them)
     overwrite: bool = False  # replace a committed checkpoint at the same path
     plan: PlanOptions = field(default_factory=PlanOptions)
-    verify_replicas: str = "hash"  # "hash": replicas must hash equal across ranks (checked at save); "off"
+    verify_replicas: str = (
+        "hash"  # "hash": replicas must hash equal across ranks (checked at save); "off"
+    )
 
 
 @dataclass
@@ -44,12 +46,20 @@ class _Prepared:
     save_id: str
     tree_differs: bool = False  # this rank's structure differs from rank 0's: its marker carries it
     timings: dict[str, float] = field(default_factory=dict)
-    replicas: list[ReplicaGroup] = field(default_factory=list)  # boxes several ranks hold, compared at commit
+    replicas: list[ReplicaGroup] = field(
+        default_factory=list
+    )  # boxes several ranks hold, compared at commit
     hasher: ReplicaHasher | None = None
 
 
 def start_save(
-    state: Any, storage: Storage, coord: Coordinator, *, pool: HostBufferPool | None, step: int | None, options: SaveOptions
+    state: Any,
+    storage: Storage,
+    coord: Coordinator,
+    *,
+    pool: HostBufferPool | None,
+    step: int | None,
+    options: SaveOptions,
 ) -> SaveHandle:
     """Blocking part of a save; returns a handle whose background work persists and commits.
 
@@ -59,10 +69,20 @@ def start_save(
     prepared = _prepare(state, storage, coord, options)
     rank_plan = prepared.plan.for_rank(coord.rank)
     try:
-        writer = RankWriter(storage, rank_plan, options.block_bytes, options.threads, hold=pool is not None)
+        writer = RankWriter(
+            storage, rank_plan, options.block_bytes, options.threads, hold=pool is not None
+        )
         # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
-        piece_bytes = min(options.piece_bytes, pool.slab_bytes) if pool is not None else options.piece_bytes
-        _stage_all(prepared.flat, rank_plan, writer, Stager(pool, options.timeout, before_wait=writer.flush), piece_bytes)
+        piece_bytes = (
+            min(options.piece_bytes, pool.slab_bytes) if pool is not None else options.piece_bytes
+        )
+        _stage_all(
+            prepared.flat,
+            rank_plan,
+            writer,
+            Stager(pool, options.timeout, before_wait=writer.flush),
+            piece_bytes,
+        )
         if pool is not None and prepared.hasher is not None:
             prepared.hasher.result()  # the values of the call: the caller may change them once we return
     except BaseException as exc:
@@ -76,21 +96,42 @@ def start_save(
         try:
             stats = writer.close()
             storage.sync_dir("shards")
-            write_marker(storage, coord.rank, _marker(coord.rank, prepared, rank_plan, stats, options, blocking_s))
+            write_marker(
+                storage,
+                coord.rank,
+                _marker(coord.rank, prepared, rank_plan, stats, options, blocking_s),
+            )
         except BaseException as exc:
             report_failure(coord, prepared.save_id, exc)
             _discard(storage, coord.rank, rank_plan)
             raise
         persist_s = time.perf_counter() - started - blocking_s
         try:
-            commit_s = finish_rank(coord, storage, prepared.save_id, prepared.plan, prepared.flat.tree, step, options.timeout, prepared.replicas)
+            commit_s = finish_rank(
+                coord,
+                storage,
+                prepared.save_id,
+                prepared.plan,
+                prepared.flat.tree,
+                step,
+                options.timeout,
+                prepared.replicas,
+            )
         except BaseException:
             _discard(storage, coord.rank, rank_plan)
             raise
         return SaveResult(
-            path=storage.root, step=step, rank=coord.rank, world_size=coord.world_size, bytes_written=rank_plan.nbytes,
-            files=[f.path for f in rank_plan.files], blocking_s=blocking_s, persist_s=persist_s, commit_s=commit_s,
-            total_s=time.perf_counter() - started, timings=prepared.timings,
+            path=storage.root,
+            step=step,
+            rank=coord.rank,
+            world_size=coord.world_size,
+            bytes_written=rank_plan.nbytes,
+            files=[f.path for f in rank_plan.files],
+            blocking_s=blocking_s,
+            persist_s=persist_s,
+            commit_s=commit_s,
+            total_s=time.perf_counter() - started,
+            timings=prepared.timings,
         )
 
     if pool is None:
@@ -118,24 +159,40 @@ def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
 
 def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
     def local() -> tuple[FlatState, list[ItemMeta]]:
-        flat = flatten_state(state)  # first: an unsaveable state must not uncommit the old checkpoint
+        flat = flatten_state(
+            state
+        )  # first: an unsaveable state must not uncommit the old checkpoint
         if coord.rank == 0:
             _clear_target(storage, options.overwrite)
         return flat, _item_metas(flat)
 
     started = time.perf_counter()
-    agreed = exchange_plan(coord, local, options.plan)  # every rank: the same plan, cached while unchanged
+    agreed = exchange_plan(
+        coord, local, options.plan
+    )  # every rank: the same plan, cached while unchanged
     timings = {"plan_s": time.perf_counter() - started, "plan_cached": float(agreed.cached)}
     check = options.verify_replicas == "hash" and coord.world_size > 1 and bool(agreed.replicas)
-    hasher = ReplicaHasher(agreed.flat, agreed.replicas, coord.rank) if check else None  # overlaps staging and writes
-    return _Prepared(agreed.flat, agreed.plan, agreed.save_id, agreed.tree_differs, timings, agreed.replicas if check else [], hasher)
+    hasher = (
+        ReplicaHasher(agreed.flat, agreed.replicas, coord.rank) if check else None
+    )  # overlaps staging and writes
+    return _Prepared(
+        agreed.flat,
+        agreed.plan,
+        agreed.save_id,
+        agreed.tree_differs,
+        timings,
+        agreed.replicas if check else [],
+        hasher,
+    )
 
 
 def _clear_target(storage: Storage, overwrite: bool) -> None:
     """Refuse to clobber a committed checkpoint; remove leftovers of an interrupted save."""
     if storage.exists(MANIFEST):
         if not overwrite:
-            raise CheckpointExistsError(f"{storage.root} already holds a committed checkpoint (pass overwrite=True to replace it)")
+            raise CheckpointExistsError(
+                f"{storage.root} already holds a committed checkpoint (pass overwrite=True to replace it)"
+            )
         storage.remove(MANIFEST)  # uncommit first: a crash below leaves no torn checkpoint
         storage.sync_dir()
     storage.remove_tree("shards")
@@ -144,17 +201,26 @@ def _clear_target(storage: Storage, overwrite: bool) -> None:
 
 
 def _item_metas(flat: FlatState) -> list[ItemMeta]:
-    metas = [item_meta(k, t, rank_local=False, from_rank0=k in flat.rank0_keys) for k, t in flat.tensors.items()]
+    metas = [
+        item_meta(k, t, rank_local=False, from_rank0=k in flat.rank0_keys)
+        for k, t in flat.tensors.items()
+    ]
     metas += [item_meta(k, t, rank_local=True) for k, t in flat.rank_local_tensors.items()]
     return metas
 
 
-def _stage_all(flat: FlatState, rank_plan: RankPlan, writer: RankWriter, stager: Stager, piece_bytes: int) -> None:
+def _stage_all(
+    flat: FlatState, rank_plan: RankPlan, writer: RankWriter, stager: Stager, piece_bytes: int
+) -> None:
     with torch.no_grad():
         for file in rank_plan.files:
             for placed in file.items:
                 item = placed.item
-                tensors = flat.rank_local_tensors if item.placement is Placement.RANK_LOCAL else flat.tensors
+                tensors = (
+                    flat.rank_local_tensors
+                    if item.placement is Placement.RANK_LOCAL
+                    else flat.tensors
+                )
                 view = source_view(tensors[item.key], item.box)
                 pieces = list(row_pieces(view, piece_bytes))
                 for i, (offset, rows) in enumerate(pieces):
@@ -162,13 +228,27 @@ def _stage_all(flat: FlatState, rank_plan: RankPlan, writer: RankWriter, stager:
     stager.finish()
 
 
-def _marker(rank: int, prepared: _Prepared, rank_plan: RankPlan, stats: PersistStats, options: SaveOptions, blocking_s: float) -> dict[str, Any]:
+def _marker(
+    rank: int,
+    prepared: _Prepared,
+    rank_plan: RankPlan,
+    stats: PersistStats,
+    options: SaveOptions,
+    blocking_s: float,
+) -> dict[str, Any]:
     flat = prepared.flat
     chunks = [
         {
-            "key": p.item.key, "placement": p.item.placement.value, "file": p.file, "name": p.item.name,
-            "start": p.start, "end": p.end, "offsets": list(p.item.box.offsets), "sizes": list(p.item.box.sizes),
-            "block_bytes": options.block_bytes, "xxh3": stats.digests[(p.file, p.start, p.end)],
+            "key": p.item.key,
+            "placement": p.item.placement.value,
+            "file": p.file,
+            "name": p.item.name,
+            "start": p.start,
+            "end": p.end,
+            "offsets": list(p.item.box.offsets),
+            "sizes": list(p.item.box.sizes),
+            "block_bytes": options.block_bytes,
+            "xxh3": stats.digests[(p.file, p.start, p.end)],
         }
         for f in rank_plan.files
         for p in f.items

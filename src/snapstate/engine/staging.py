@@ -50,7 +50,12 @@ class Slab:
 class HostBufferPool:
     """Slabs of ``slab_bytes`` allocated lazily up to ``budget_bytes`` and reused across saves."""
 
-    def __init__(self, budget_bytes: int | None = None, slab_bytes: int = DEFAULT_SLAB_BYTES, pin: bool | None = None) -> None:
+    def __init__(
+        self,
+        budget_bytes: int | None = None,
+        slab_bytes: int = DEFAULT_SLAB_BYTES,
+        pin: bool | None = None,
+    ) -> None:
         self.budget_bytes = max(budget_bytes or default_budget(), slab_bytes)
         self.slab_bytes = slab_bytes
         self.pin = torch.cuda.is_available() if pin is None else pin
@@ -64,7 +69,9 @@ class HostBufferPool:
     def allocated_bytes(self) -> int:
         return self._allocated
 
-    def reserve(self, nbytes: int, timeout: float | None, before_wait: Callable[[], None] | None = None) -> tuple[Slab, int]:
+    def reserve(
+        self, nbytes: int, timeout: float | None, before_wait: Callable[[], None] | None = None
+    ) -> tuple[Slab, int]:
         """A slab and offset with room for ``nbytes``; waits while the budget is spent.
 
         ``before_wait`` runs first when the call would wait: it hands held pieces to the
@@ -116,14 +123,22 @@ class HostBufferPool:
                 self._allocated -= slab.nbytes
             self._cond.notify_all()
 
-    def _new_slab(self, nbytes: int, timeout: float | None, before_wait: Callable[[], None] | None = None) -> Slab:
+    def _new_slab(
+        self, nbytes: int, timeout: float | None, before_wait: Callable[[], None] | None = None
+    ) -> Slab:
         def available() -> bool:
-            return (nbytes == self.slab_bytes and bool(self._free)) or self._allocated + nbytes <= self.budget_bytes or self._allocated == 0
+            return (
+                (nbytes == self.slab_bytes and bool(self._free))
+                or self._allocated + nbytes <= self.budget_bytes
+                or self._allocated == 0
+            )
 
         if before_wait is not None and not available():
             before_wait()
         if not self._cond.wait_for(available, timeout=timeout):
-            raise CheckpointTimeoutError(f"no staging buffer freed within {timeout}s (budget {self.budget_bytes} bytes)")
+            raise CheckpointTimeoutError(
+                f"no staging buffer freed within {timeout}s (budget {self.budget_bytes} bytes)"
+            )
         if nbytes == self.slab_bytes and self._free:
             return self._free.pop()
         self._allocated += nbytes
@@ -183,7 +198,12 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
         np.copyto(d, s)
         return
     segments = range(0, len(d), COPY_SEGMENT_BYTES)
-    list(_copier_pool().map(lambda i: np.copyto(d[i : i + COPY_SEGMENT_BYTES], s[i : i + COPY_SEGMENT_BYTES]), segments))
+    list(
+        _copier_pool().map(
+            lambda i: np.copyto(d[i : i + COPY_SEGMENT_BYTES], s[i : i + COPY_SEGMENT_BYTES]),
+            segments,
+        )
+    )
 
 
 def row_pieces(view: torch.Tensor, max_bytes: int) -> Iterator[tuple[int, torch.Tensor]]:
@@ -217,11 +237,18 @@ class StagedBytes:
 class Stager:
     """Copies pieces into the pool (async saves) or exposes them in place (blocking saves)."""
 
-    def __init__(self, pool: HostBufferPool | None, timeout: float | None, before_wait: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self,
+        pool: HostBufferPool | None,
+        timeout: float | None,
+        before_wait: Callable[[], None] | None = None,
+    ) -> None:
         self.pool = pool
         self.timeout = timeout
         self.before_wait = before_wait  # see HostBufferPool.reserve
-        self.stream = torch.cuda.Stream() if (pool is not None and torch.cuda.is_available()) else None
+        self.stream = (
+            torch.cuda.Stream() if (pool is not None and torch.cuda.is_available()) else None
+        )
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
 
@@ -234,7 +261,9 @@ class Stager:
         if self.pool is not None:
             self.pool.seal()
         if self.stream is not None:
-            torch.cuda.current_stream().wait_stream(self.stream)  # later updates wait for our copies
+            torch.cuda.current_stream().wait_stream(
+                self.stream
+            )  # later updates wait for our copies
 
     def _copy(self, piece: torch.Tensor) -> StagedBytes:
         nbytes = piece.numel() * piece.element_size()

@@ -20,28 +20,42 @@ def read_manifest(storage: Storage, check_files: bool = True) -> Manifest:
         size = storage.size(MANIFEST)
     except (FileNotFoundError, NotADirectoryError):
         where = "no such directory" if not storage.exists("") else "no manifest.json: not committed"
-        raise CheckpointNotFoundError(f"no committed checkpoint at {storage.root} ({where})") from None
+        raise CheckpointNotFoundError(
+            f"no committed checkpoint at {storage.root} ({where})"
+        ) from None
     if size > MAX_MANIFEST_BYTES:
-        raise CorruptCheckpointError(f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} cap", file=MANIFEST)
+        raise CorruptCheckpointError(
+            f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} cap", file=MANIFEST
+        )
     try:
         raw = storage.read_bytes(MANIFEST)
     except IsADirectoryError:
-        raise CorruptCheckpointError("manifest is a directory, not a file", file=f"{storage.root}/{MANIFEST}") from None
+        raise CorruptCheckpointError(
+            "manifest is a directory, not a file", file=f"{storage.root}/{MANIFEST}"
+        ) from None
     manifest = parse_manifest(raw, file=f"{storage.root}/{MANIFEST}")
     if check_files:
         for path, rec in manifest.files.items():
             try:
                 actual = storage.size(path)
             except FileNotFoundError:
-                raise CorruptCheckpointError("shard file is missing", file=path, key=keys_in_file(manifest, path)) from None
+                raise CorruptCheckpointError(
+                    "shard file is missing", file=path, key=keys_in_file(manifest, path)
+                ) from None
             if actual != rec.bytes:
-                raise CorruptCheckpointError(f"shard file has {actual} bytes, the manifest says {rec.bytes}", file=path, key=keys_in_file(manifest, path))
+                raise CorruptCheckpointError(
+                    f"shard file has {actual} bytes, the manifest says {rec.bytes}",
+                    file=path,
+                    key=keys_in_file(manifest, path),
+                )
     return manifest
 
 
 def keys_in_file(manifest: Manifest, path: str, most: int = 5) -> str | None:
     """The keys whose chunks live in ``path``, for error messages."""
-    keys = [k for k, rec in manifest.all_tensors().items() if any(c.file == path for c in rec.chunks)]
+    keys = [
+        k for k, rec in manifest.all_tensors().items() if any(c.file == path for c in rec.chunks)
+    ]
     more = f" (+{len(keys) - most} more)" if len(keys) > most else ""
     return ", ".join(keys[:most]) + more if keys else None
 
@@ -71,15 +85,24 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
     for key, rec in manifest.all_tensors().items():
         report.tensors += 1
         for chunk in rec.chunks:
-            st_dtype, st_shape = safetensors_entry(rec.dtype, tuple(chunk.sizes), chunk.end - chunk.start)
-            by_file.setdefault(chunk.file, {})[chunk.name] = (chunk.start, chunk.end, st_dtype, st_shape)
+            st_dtype, st_shape = safetensors_entry(
+                rec.dtype, tuple(chunk.sizes), chunk.end - chunk.start
+            )
+            by_file.setdefault(chunk.file, {})[chunk.name] = (
+                chunk.start,
+                chunk.end,
+                st_dtype,
+                st_shape,
+            )
     for path in manifest.files:
         try:
             _check_header(storage, path, manifest.files[path].bytes, by_file.get(path, {}))
         except CorruptCheckpointError as exc:
             if exc.key is not None:
                 raise
-            raise CorruptCheckpointError(exc.reason, file=path, key=keys_in_file(manifest, path)) from None
+            raise CorruptCheckpointError(
+                exc.reason, file=path, key=keys_in_file(manifest, path)
+            ) from None
     for key, rec in manifest.all_tensors().items():
         for chunk in rec.chunks:
             report.chunks += 1
@@ -89,7 +112,9 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
     return report
 
 
-def _check_header(storage: Storage, path: str, size: int, expected: dict[str, tuple[int, int, str, list[int]]]) -> None:
+def _check_header(
+    storage: Storage, path: str, size: int, expected: dict[str, tuple[int, int, str, list[int]]]
+) -> None:
     prefix = storage.read_bytes(path, 0, 8)
     header_len = int.from_bytes(prefix[:8], "little") if len(prefix) == 8 else 0
     # Never read more than the cap: parse_header rejects a larger size without looking at it.
@@ -97,8 +122,15 @@ def _check_header(storage: Storage, path: str, size: int, expected: dict[str, tu
     parsed = parse_header(prefix, size, path)
     for name, (start, end, st_dtype, st_shape) in expected.items():
         entry = parsed.entries.get(name)
-        if entry is None or (entry[2], entry[3], entry[0], entry[1]) != (start, end, st_dtype, st_shape):
-            raise CorruptCheckpointError("shard header disagrees with the manifest", file=path, key=name)
+        if entry is None or (entry[2], entry[3], entry[0], entry[1]) != (
+            start,
+            end,
+            st_dtype,
+            st_shape,
+        ):
+            raise CorruptCheckpointError(
+                "shard header disagrees with the manifest", file=path, key=name
+            )
 
 
 def _check_chunk(storage: Storage, key: str, chunk) -> int:  # type: ignore[no-untyped-def]
@@ -108,7 +140,16 @@ def _check_chunk(storage: Storage, key: str, chunk) -> int:  # type: ignore[no-u
         data = storage.read_bytes(chunk.file, offset, length)
         if len(data) != length:
             raise CorruptCheckpointError("shard file is truncated", file=chunk.file, key=key)
-        bad = verify_blocks(memoryview(data), (offset - chunk.start) // chunk.block_bytes, chunk.block_bytes, chunk.xxh3)
+        bad = verify_blocks(
+            memoryview(data),
+            (offset - chunk.start) // chunk.block_bytes,
+            chunk.block_bytes,
+            chunk.xxh3,
+        )
         if bad is not None:
-            raise CorruptCheckpointError(f"checksum mismatch in block {bad} of chunk {chunk.name!r}", file=chunk.file, key=key)
+            raise CorruptCheckpointError(
+                f"checksum mismatch in block {bad} of chunk {chunk.name!r}",
+                file=chunk.file,
+                key=key,
+            )
     return chunk.end - chunk.start

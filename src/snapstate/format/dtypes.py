@@ -10,21 +10,78 @@ import torch
 from snapstate.errors import CorruptCheckpointError
 
 # Every non-quantized torch dtype that exists in the installed torch, by its torch name.
-_CANDIDATES = ["float64", "float32", "float16", "bfloat16", "complex128", "complex64", "complex32", "float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2", "int64", "int32", "int16", "int8", "uint64", "uint32", "uint16", "uint8", "bool", "uint1", "uint2", "uint3", "uint4", "uint5", "uint6", "uint7", "int1", "int2", "int3", "int4", "int5", "int6", "int7", "bits1x8", "bits2x4", "bits4x2", "bits8", "bits16"]
+_CANDIDATES = [
+    "float64",
+    "float32",
+    "float16",
+    "bfloat16",
+    "complex128",
+    "complex64",
+    "complex32",
+    "float8_e4m3fn",
+    "float8_e4m3fnuz",
+    "float8_e5m2",
+    "float8_e5m2fnuz",
+    "float8_e8m0fnu",
+    "float4_e2m1fn_x2",
+    "int64",
+    "int32",
+    "int16",
+    "int8",
+    "uint64",
+    "uint32",
+    "uint16",
+    "uint8",
+    "bool",
+    "uint1",
+    "uint2",
+    "uint3",
+    "uint4",
+    "uint5",
+    "uint6",
+    "uint7",
+    "int1",
+    "int2",
+    "int3",
+    "int4",
+    "int5",
+    "int6",
+    "int7",
+    "bits1x8",
+    "bits2x4",
+    "bits4x2",
+    "bits8",
+    "bits16",
+]
 
 DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name) for name in _CANDIDATES if isinstance(getattr(torch, name, None), torch.dtype)
+    name: getattr(torch, name)
+    for name in _CANDIDATES
+    if isinstance(getattr(torch, name, None), torch.dtype)
 }
 NAMES: dict[torch.dtype, str] = {dtype: name for name, dtype in DTYPES.items()}
 
 # The safetensors names for the dtypes its readers know; other dtypes are stored as raw U8
 # bytes in the shard header, their true dtype kept in the manifest.
 SAFETENSORS: dict[str, str] = {
-    "float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16",
-    "int64": "I64", "int32": "I32", "int16": "I16", "int8": "I8",
-    "uint64": "U64", "uint32": "U32", "uint16": "U16", "uint8": "U8", "bool": "BOOL",
-    "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2",
-    "float8_e4m3fnuz": "F8_E4M3FNUZ", "float8_e5m2fnuz": "F8_E5M2FNUZ", "complex64": "C64",
+    "float64": "F64",
+    "float32": "F32",
+    "float16": "F16",
+    "bfloat16": "BF16",
+    "int64": "I64",
+    "int32": "I32",
+    "int16": "I16",
+    "int8": "I8",
+    "uint64": "U64",
+    "uint32": "U32",
+    "uint16": "U16",
+    "uint8": "U8",
+    "bool": "BOOL",
+    "float8_e4m3fn": "F8_E4M3",
+    "float8_e5m2": "F8_E5M2",
+    "float8_e4m3fnuz": "F8_E4M3FNUZ",
+    "float8_e5m2fnuz": "F8_E5M2FNUZ",
+    "complex64": "C64",
 }
 
 
@@ -35,7 +92,9 @@ def dtype_name(dtype: torch.dtype) -> str:
         raise TypeError(f"dtype {dtype} cannot be checkpointed") from None
 
 
-def dtype_from_name(name: object, *, file: str | None = None, key: str | None = None) -> torch.dtype:
+def dtype_from_name(
+    name: object, *, file: str | None = None, key: str | None = None
+) -> torch.dtype:
     if not isinstance(name, str) or name not in DTYPES:
         raise CorruptCheckpointError(f"unknown dtype {name!r}", file=file, key=key)
     return DTYPES[name]

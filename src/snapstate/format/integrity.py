@@ -47,7 +47,9 @@ class BlockHasher:
         self._filled = 0
 
 
-def verify_blocks(data: memoryview, first_block: int, block_bytes: int, digests: list[str]) -> int | None:
+def verify_blocks(
+    data: memoryview, first_block: int, block_bytes: int, digests: list[str]
+) -> int | None:
     """Check ``data`` (starting at block ``first_block`` of a chunk); return the bad block or None."""
     for i in range(0, max(len(data), 1), block_bytes):
         index = first_block + i // block_bytes

@@ -78,7 +78,9 @@ class Manifest:
         # asdict deep-copies every chunk and took most of the commit time at 10^5 chunks.
         body = {f.name: getattr(self, f.name) for f in fields(self)}
         ordered = {"format": body.pop("format"), "version": body.pop("version"), **body}
-        return json.dumps(ordered, separators=(",", ":"), allow_nan=False, default=_record_fields).encode()
+        return json.dumps(
+            ordered, separators=(",", ":"), allow_nan=False, default=_record_fields
+        ).encode()
 
     def all_tensors(self) -> dict[str, TensorRecord]:
         """Global tensors plus rank-local ones under ``rank<r>/<key>``, for listing and verifying."""
@@ -98,27 +100,57 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     """Parse and validate; every problem is a CorruptCheckpointError naming the file and key."""
     try:
         doc = json.loads(raw)
-    except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, bad UTF-8, ints of 4300+ digits
+    except (
+        ValueError,
+        RecursionError,
+    ) as exc:  # ValueError: bad JSON, bad UTF-8, ints of 4300+ digits
         raise CorruptCheckpointError(f"manifest is not valid JSON: {exc}", file=file) from None
     v = _Validator(file)
     v.require(isinstance(doc, dict), "manifest is not a JSON object")
     if doc.get("format") != FORMAT_NAME:
-        raise UnsupportedFormatError(f"format {doc.get('format')!r} is not {FORMAT_NAME!r}", file=file)
-    if type(doc.get("version")) is not int or doc.get("version") != FORMAT_VERSION:  # not 1.0, not true
-        raise UnsupportedFormatError(f"format version {doc.get('version')!r} is not supported (this library reads {FORMAT_VERSION})", file=file)
-    files = {v.path(p, "files"): v.file_record(p, r) for p, r in v.mapping(doc.get("files"), "files").items()}
+        raise UnsupportedFormatError(
+            f"format {doc.get('format')!r} is not {FORMAT_NAME!r}", file=file
+        )
+    if (
+        type(doc.get("version")) is not int or doc.get("version") != FORMAT_VERSION
+    ):  # not 1.0, not true
+        raise UnsupportedFormatError(
+            f"format version {doc.get('version')!r} is not supported (this library reads {FORMAT_VERSION})",
+            file=file,
+        )
+    files = {
+        v.path(p, "files"): v.file_record(p, r)
+        for p, r in v.mapping(doc.get("files"), "files").items()
+    }
     world = v.integer(doc.get("world_size", 1), "world_size", minimum=1)
-    tensors = {k: v.tensor(k, t, files) for k, t in v.mapping(doc.get("tensors"), "tensors").items()}
-    rank_local = {v.rank(r, world): v.rank_local(r, rec, files) for r, rec in v.mapping(doc.get("rank_local", {}), "rank_local").items()}
+    tensors = {
+        k: v.tensor(k, t, files) for k, t in v.mapping(doc.get("tensors"), "tensors").items()
+    }
+    rank_local = {
+        v.rank(r, world): v.rank_local(r, rec, files)
+        for r, rec in v.mapping(doc.get("rank_local", {}), "rank_local").items()
+    }
     tree = doc.get("tree")
     v.require(isinstance(tree, dict), "tree is not an object", "tree")
     v.trees(tree, tensors, rank_local)
-    v.disjoint([*tensors.items(), *((k, t) for r in rank_local.values() for k, t in r.tensors.items())])
+    v.disjoint(
+        [*tensors.items(), *((k, t) for r in rank_local.values() for k, t in r.tensors.items())]
+    )
     step = doc.get("step")
-    v.require(step is None or (isinstance(step, int) and not isinstance(step, bool)), "step is not an integer", "step")
+    v.require(
+        step is None or (isinstance(step, int) and not isinstance(step, bool)),
+        "step is not an integer",
+        "step",
+    )
     return Manifest(
-        tree=tree, tensors=tensors, rank_local=rank_local, files=files, world_size=world, step=step,
-        mesh=doc.get("mesh"), created=str(doc.get("created", "")),
+        tree=tree,
+        tensors=tensors,
+        rank_local=rank_local,
+        files=files,
+        world_size=world,
+        step=step,
+        mesh=doc.get("mesh"),
+        created=str(doc.get("created", "")),
         versions=doc.get("versions") if isinstance(doc.get("versions"), dict) else {},
         totals=doc.get("totals") if isinstance(doc.get("totals"), dict) else {},
         timings=doc.get("timings") if isinstance(doc.get("timings"), dict) else {},
@@ -146,27 +178,51 @@ class _Validator:
         return value
 
     def ints(self, value: Any, key: str, length: int | None = None) -> list[int]:
-        self.require(isinstance(value, list) and (length is None or len(value) == length), f"expected a list of {length} integers, got {value!r}"[:200], key)
+        self.require(
+            isinstance(value, list) and (length is None or len(value) == length),
+            f"expected a list of {length} integers, got {value!r}"[:200],
+            key,
+        )
         return [self.integer(x, key) for x in value]
 
     def path(self, value: Any, key: str) -> str:
-        ok = isinstance(value, str) and value and not value.startswith("/") and "\\" not in value and "\x00" not in value
+        ok = (
+            isinstance(value, str)
+            and value
+            and not value.startswith("/")
+            and "\\" not in value
+            and "\x00" not in value
+        )
         norm = posixpath.normpath(value) if ok else ""
-        self.require(bool(ok) and norm == value and not norm.startswith("..") and norm != ".", f"path {value!r} points outside the checkpoint", key)
+        self.require(
+            bool(ok) and norm == value and not norm.startswith("..") and norm != ".",
+            f"path {value!r} points outside the checkpoint",
+            key,
+        )
         return value
 
     def rank(self, value: str, world: int) -> int:
-        self.require(value.isascii() and value.isdigit() and int(value) < world, f"rank {value!r} is not below world size {world}", "rank_local")
+        self.require(
+            value.isascii() and value.isdigit() and int(value) < world,
+            f"rank {value!r} is not below world size {world}",
+            "rank_local",
+        )
         return int(value)
 
     def file_record(self, path: str, rec: Any) -> FileRecord:
         rec = self.mapping(rec, f"files/{path}")
-        return FileRecord(self.integer(rec.get("bytes"), f"files/{path}"), self.integer(rec.get("rank", 0), f"files/{path}"))
+        return FileRecord(
+            self.integer(rec.get("bytes"), f"files/{path}"),
+            self.integer(rec.get("rank", 0), f"files/{path}"),
+        )
 
     def rank_local(self, rank: str, rec: Any, files: dict[str, FileRecord]) -> RankLocalRecord:
         rec = self.mapping(rec, f"rank_local/{rank}")
         trees = self.mapping(rec.get("trees"), f"rank_local/{rank}/trees")
-        tensors = {k: self.tensor(k, t, files) for k, t in self.mapping(rec.get("tensors"), f"rank_local/{rank}/tensors").items()}
+        tensors = {
+            k: self.tensor(k, t, files)
+            for k, t in self.mapping(rec.get("tensors"), f"rank_local/{rank}/tensors").items()
+        }
         return RankLocalRecord(trees, tensors)
 
     def tensor(self, key: str, rec: Any, files: dict[str, FileRecord]) -> TensorRecord:
@@ -176,33 +232,62 @@ class _Validator:
         kind = rec.get("kind", "tensor")
         self.require(kind in ("tensor", "ndarray", "npscalar"), f"unknown kind {kind!r}", key)
         placement = rec.get("placement")
-        self.require(placement in ("replicate", "shard", "rank_local"), f"unknown placement {placement!r}", key)
+        self.require(
+            placement in ("replicate", "shard", "rank_local"),
+            f"unknown placement {placement!r}",
+            key,
+        )
         raw_chunks = rec.get("chunks")
         self.require(isinstance(raw_chunks, list), "chunks is not a list", key)
         chunks = [self.chunk(key, c, shape, itemsize(dtype), files) for c in raw_chunks]
         self.covers(key, shape, chunks)
         return TensorRecord(rec["dtype"], shape, kind, placement, chunks)
 
-    def chunk(self, key: str, rec: Any, shape: list[int], size: int, files: dict[str, FileRecord]) -> ChunkRecord:
+    def chunk(
+        self, key: str, rec: Any, shape: list[int], size: int, files: dict[str, FileRecord]
+    ) -> ChunkRecord:
         rec = self.mapping(rec, key)
         offsets = self.ints(rec.get("offsets"), key, len(shape))
         sizes = self.ints(rec.get("sizes"), key, len(shape))
         for o, s, dim in zip(offsets, sizes, shape):
-            self.require(o + s <= dim, f"chunk at {offsets} size {sizes} exceeds shape {shape}", key)
+            self.require(
+                o + s <= dim, f"chunk at {offsets} size {sizes} exceeds shape {shape}", key
+            )
         file = self.path(rec.get("file"), key)
         self.require(file in files, f"chunk file {file!r} is not listed in files", key)
         start, end = self.integer(rec.get("start"), key), self.integer(rec.get("end"), key)
-        self.require(end - start == math.prod(sizes) * size, f"chunk byte range {start}..{end} does not match its {math.prod(sizes)} elements", key)
-        self.require(end <= files[file].bytes, f"chunk byte range ends at {end}, beyond {file} ({files[file].bytes} bytes)", key)
+        self.require(
+            end - start == math.prod(sizes) * size,
+            f"chunk byte range {start}..{end} does not match its {math.prod(sizes)} elements",
+            key,
+        )
+        self.require(
+            end <= files[file].bytes,
+            f"chunk byte range ends at {end}, beyond {file} ({files[file].bytes} bytes)",
+            key,
+        )
         block = self.integer(rec.get("block_bytes"), key, minimum=1)
         digests = rec.get("xxh3")
-        self.require(isinstance(digests, list) and all(isinstance(d, str) for d in digests), "xxh3 is not a list of strings", key)
-        self.require(len(digests) == block_count(end - start, block), f"{len(digests)} checksums for {end - start} bytes in blocks of {block}", key)
+        self.require(
+            isinstance(digests, list) and all(isinstance(d, str) for d in digests),
+            "xxh3 is not a list of strings",
+            key,
+        )
+        self.require(
+            len(digests) == block_count(end - start, block),
+            f"{len(digests)} checksums for {end - start} bytes in blocks of {block}",
+            key,
+        )
         name = rec.get("name")
         self.require(isinstance(name, str), "chunk name is not a string", key)
         return ChunkRecord(offsets, sizes, file, name, start, end, block, digests)
 
-    def trees(self, tree: dict[str, Any], tensors: dict[str, TensorRecord], rank_local: dict[int, RankLocalRecord]) -> None:
+    def trees(
+        self,
+        tree: dict[str, Any],
+        tensors: dict[str, TensorRecord],
+        rank_local: dict[int, RankLocalRecord],
+    ) -> None:
         problem = tree_problem(tree, tensors)
         self.require(problem is None, str(problem), "tree")
         for rank, rec in rank_local.items():
@@ -213,18 +298,33 @@ class _Validator:
     def disjoint(self, tensors: list[tuple[str, TensorRecord]]) -> None:
         """No two chunks share bytes: together they then hold no more than the files do, so no
         manifest makes a load allocate more than the checkpoint's files hold."""
-        ranges = sorted((c.file, c.start, c.end, key) for key, rec in tensors for c in rec.chunks if c.end > c.start)
+        ranges = sorted(
+            (c.file, c.start, c.end, key)
+            for key, rec in tensors
+            for c in rec.chunks
+            if c.end > c.start
+        )
         for (f1, _, end1, key1), (f2, start2, _, key2) in zip(ranges, ranges[1:]):
-            self.require(f1 != f2 or start2 >= end1, f"chunks of {key1!r} and {key2!r} share bytes of {f1}", key2)
+            self.require(
+                f1 != f2 or start2 >= end1,
+                f"chunks of {key1!r} and {key2!r} share bytes of {f1}",
+                key2,
+            )
 
     def covers(self, key: str, shape: list[int], chunks: list[ChunkRecord]) -> None:
         total = sum(math.prod(c.sizes) for c in chunks)
-        self.require(total == math.prod(shape), f"chunks hold {total} elements, the tensor {math.prod(shape)}", key)
+        self.require(
+            total == math.prod(shape),
+            f"chunks hold {total} elements, the tensor {math.prod(shape)}",
+            key,
+        )
         if len(chunks) > 1 and len(chunks) <= 4096:
             boxes = sorted((c.offsets, c.sizes) for c in chunks)
             for i, (o1, s1) in enumerate(boxes):
                 for o2, s2 in boxes[i + 1 :]:
                     if o2[0] >= o1[0] + s1[0]:
                         break
-                    meets = all(max(a, b) < min(a + sa, b + sb) for a, sa, b, sb in zip(o1, s1, o2, s2))
+                    meets = all(
+                        max(a, b) < min(a + sa, b + sb) for a, sa, b, sb in zip(o1, s1, o2, s2)
+                    )
                     self.require(not meets, f"chunks at {o1} and {o2} overlap", key)

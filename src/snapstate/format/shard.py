@@ -33,7 +33,11 @@ def build_header(entries: list[ShardEntry], metadata: dict[str, str]) -> tuple[b
     offset = 0
     relative = []
     for e in entries:
-        header[e.name] = {"dtype": e.st_dtype, "shape": list(e.shape), "data_offsets": [offset, offset + e.nbytes]}
+        header[e.name] = {
+            "dtype": e.st_dtype,
+            "shape": list(e.shape),
+            "data_offsets": [offset, offset + e.nbytes],
+        }
         relative.append(offset)
         offset += e.nbytes
     text = json.dumps(header, separators=(",", ":")).encode()
@@ -46,7 +50,9 @@ def build_header(entries: list[ShardEntry], metadata: dict[str, str]) -> tuple[b
 @dataclass(frozen=True)
 class ParsedShard:
     data_start: int
-    entries: dict[str, tuple[str, list[int], int, int]]  # name -> (dtype, shape, begin, end) absolute
+    entries: dict[
+        str, tuple[str, list[int], int, int]
+    ]  # name -> (dtype, shape, begin, end) absolute
     metadata: dict[str, str]
 
 
@@ -56,7 +62,9 @@ def parse_header(prefix: bytes, file_size: int, file: str) -> ParsedShard:
         raise CorruptCheckpointError("shard is shorter than its 8-byte header size", file=file)
     (size,) = struct.unpack("<Q", prefix[:8])
     if size > MAX_HEADER_BYTES or 8 + size > file_size:
-        raise CorruptCheckpointError(f"shard header size {size} exceeds the file ({file_size} bytes) or the cap", file=file)
+        raise CorruptCheckpointError(
+            f"shard header size {size} exceeds the file ({file_size} bytes) or the cap", file=file
+        )
     if len(prefix) < 8 + size:
         raise CorruptCheckpointError("shard header truncated", file=file)
     try:
@@ -69,18 +77,24 @@ def parse_header(prefix: bytes, file_size: int, file: str) -> ParsedShard:
     if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
         raise CorruptCheckpointError("shard __metadata__ must map strings to strings", file=file)
     data_start = 8 + size
-    entries = {name: _parse_entry(name, info, data_start, file_size, file) for name, info in header.items()}
+    entries = {
+        name: _parse_entry(name, info, data_start, file_size, file) for name, info in header.items()
+    }
     _check_no_holes(entries, data_start, file_size, file)
     return ParsedShard(data_start, entries, metadata)
 
 
-def _parse_entry(name: str, info: object, data_start: int, file_size: int, file: str) -> tuple[str, list[int], int, int]:
+def _parse_entry(
+    name: str, info: object, data_start: int, file_size: int, file: str
+) -> tuple[str, list[int], int, int]:
     if not isinstance(info, dict):
         raise CorruptCheckpointError("shard entry is not an object", file=file, key=name)
     dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
     if not isinstance(dtype, str):
         raise CorruptCheckpointError("shard entry dtype is not a string", file=file, key=name)
-    if not isinstance(shape, list) or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape):
+    if not isinstance(shape, list) or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in shape
+    ):
         raise CorruptCheckpointError(f"shard entry shape {shape!r} is invalid", file=file, key=name)
     if (
         not isinstance(offsets, list)
@@ -89,15 +103,23 @@ def _parse_entry(name: str, info: object, data_start: int, file_size: int, file:
         or not 0 <= offsets[0] <= offsets[1]
         or data_start + offsets[1] > file_size
     ):
-        raise CorruptCheckpointError(f"shard entry data_offsets {offsets!r} fall outside the file", file=file, key=name)
+        raise CorruptCheckpointError(
+            f"shard entry data_offsets {offsets!r} fall outside the file", file=file, key=name
+        )
     return dtype, shape, data_start + offsets[0], data_start + offsets[1]
 
 
-def _check_no_holes(entries: dict[str, tuple[str, list[int], int, int]], data_start: int, file_size: int, file: str) -> None:
+def _check_no_holes(
+    entries: dict[str, tuple[str, list[int], int, int]], data_start: int, file_size: int, file: str
+) -> None:
     position = data_start
     for name, (_, _, begin, end) in sorted(entries.items(), key=lambda kv: (kv[1][2], kv[1][3])):
         if begin != position:
-            raise CorruptCheckpointError(f"shard buffer has a hole or overlap at byte {position}", file=file, key=name)
+            raise CorruptCheckpointError(
+                f"shard buffer has a hole or overlap at byte {position}", file=file, key=name
+            )
         position = end
     if position != file_size:
-        raise CorruptCheckpointError(f"shard buffer ends at byte {position}, the file at {file_size}", file=file)
+        raise CorruptCheckpointError(
+            f"shard buffer ends at byte {position}, the file at {file_size}", file=file
+        )

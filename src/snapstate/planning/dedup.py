@@ -35,18 +35,25 @@ def split_box(box: Box, itemsize: int, chunk_bytes: int) -> list[Box]:
 def candidates(all_metas: list[list[ItemMeta]], chunk_bytes: int) -> list[Candidate]:
     """Every unique chunk of the job, with the ranks that hold it (pure, order-independent)."""
     # Keyed by plain tuples, not Box: their hash runs in C, which matters at 10^6 items (4096 ranks).
-    holders: dict[tuple[str, tuple[int, ...], tuple[int, ...]], tuple[ItemMeta, Box, list[int]]] = {}
+    holders: dict[
+        tuple[str, tuple[int, ...], tuple[int, ...]], tuple[ItemMeta, Box, list[int]]
+    ] = {}
     out: list[Candidate] = []
     for rank, metas in enumerate(all_metas):
         for meta in metas:
             if meta.placement is Placement.RANK_LOCAL:
-                out.extend(Candidate(_write_item(meta, b, rank), (rank,)) for b in _split_all(meta, chunk_bytes))
+                out.extend(
+                    Candidate(_write_item(meta, b, rank), (rank,))
+                    for b in _split_all(meta, chunk_bytes)
+                )
                 continue
             for box in meta.boxes:
                 entry = holders.get((meta.key, box.offsets, box.sizes))
                 if entry is not None:
                     entry[2].append(rank)
-                elif box.numel or not math.prod(meta.shape):  # an empty shard (more ranks than rows): nothing to write
+                elif box.numel or not math.prod(
+                    meta.shape
+                ):  # an empty shard (more ranks than rows): nothing to write
                     holders[(meta.key, box.offsets, box.sizes)] = (meta, box, [rank])
     for meta, box, ranks in holders.values():
         writers = (0,) if meta.from_rank0 and 0 in ranks else tuple(sorted(ranks))
@@ -60,7 +67,10 @@ def assign(cands: list[Candidate], world_size: int) -> list[list[WriteItem]]:
     loads = [0] * world_size
     per_rank: list[list[WriteItem]] = [[] for _ in range(world_size)]
     fixed = [c for c in cands if len(c.ranks) == 1]
-    flexible = sorted((c for c in cands if len(c.ranks) > 1), key=lambda c: (-c.item.nbytes, c.item.key, c.item.box.offsets))
+    flexible = sorted(
+        (c for c in cands if len(c.ranks) > 1),
+        key=lambda c: (-c.item.nbytes, c.item.key, c.item.box.offsets),
+    )
     for c in fixed:
         _give(c, c.ranks[0], loads, per_rank)
     if world_size > 1 and all(len(c.ranks) == world_size for c in flexible):
@@ -71,7 +81,9 @@ def assign(cands: list[Candidate], world_size: int) -> list[list[WriteItem]]:
     return per_rank
 
 
-def _assign_everywhere(flexible: list[Candidate], loads: list[int], per_rank: list[list[WriteItem]]) -> None:
+def _assign_everywhere(
+    flexible: list[Candidate], loads: list[int], per_rank: list[list[WriteItem]]
+) -> None:
     # All chunks can go anywhere (plain DDP): a heap makes this O(n log N) at 4096 ranks.
     heap = [(load, rank) for rank, load in enumerate(loads)]
     heapq.heapify(heap)
@@ -82,7 +94,19 @@ def _assign_everywhere(flexible: list[Candidate], loads: list[int], per_rank: li
 
 
 def _give(c: Candidate, rank: int, loads: list[int], per_rank: list[list[WriteItem]]) -> None:
-    item = c.item if c.item.rank == rank else WriteItem(c.item.key, c.item.dtype, c.item.shape, c.item.itemsize, c.item.placement, c.item.box, rank)
+    item = (
+        c.item
+        if c.item.rank == rank
+        else WriteItem(
+            c.item.key,
+            c.item.dtype,
+            c.item.shape,
+            c.item.itemsize,
+            c.item.placement,
+            c.item.box,
+            rank,
+        )
+    )
     per_rank[rank].append(item)
     loads[rank] += item.nbytes
 

@@ -126,7 +126,9 @@ class SavePlan:
         if plan is None:
             from snapstate.planning.layout import plan_files  # layout builds on this module
 
-            plan = self._layout[rank] = RankPlan(rank, tuple(plan_files(rank, list(self.items[rank]), self.max_file_bytes)))
+            plan = self._layout[rank] = RankPlan(
+                rank, tuple(plan_files(rank, list(self.items[rank]), self.max_file_bytes))
+            )
         return plan
 
     @property

@@ -22,7 +22,9 @@ DEFAULT_FILE_BYTES = 2 << 30
 
 @dataclass(frozen=True)
 class PlanOptions:
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES  # replicated tensors are split and spread in chunks of this size
+    chunk_bytes: int = (
+        DEFAULT_CHUNK_BYTES  # replicated tensors are split and spread in chunks of this size
+    )
     max_file_bytes: int = DEFAULT_FILE_BYTES  # a rank starts a new shard file past this size
 
 
@@ -31,7 +33,9 @@ def plan_save(all_metas: list[list[ItemMeta]], options: PlanOptions = PlanOption
     check_consistent(all_metas)
     world = len(all_metas)
     per_rank = assign(candidates(all_metas, options.chunk_bytes), world)
-    metas = {m.key: m for metas in all_metas for m in metas if m.placement is not Placement.RANK_LOCAL}
+    metas = {
+        m.key: m for metas in all_metas for m in metas if m.placement is not Placement.RANK_LOCAL
+    }
     return SavePlan(world, tuple(tuple(items) for items in per_rank), metas, options.max_file_bytes)
 
 
@@ -46,11 +50,18 @@ def plan_files(rank: int, items: list[WriteItem], max_file_bytes: int) -> list[F
             size = 0
         groups[-1].append(item)
         size += item.nbytes
-    return [_file_plan(f"shards/r{rank:05d}-{i:03d}.safetensors", g) for i, g in enumerate(groups) if g or i == 0]
+    return [
+        _file_plan(f"shards/r{rank:05d}-{i:03d}.safetensors", g)
+        for i, g in enumerate(groups)
+        if g or i == 0
+    ]
 
 
 def _file_plan(path: str, items: list[WriteItem]) -> FilePlan:
-    entries = [ShardEntry(i.name, *safetensors_entry(i.dtype, i.box.sizes, i.nbytes), i.nbytes) for i in items]
+    entries = [
+        ShardEntry(i.name, *safetensors_entry(i.dtype, i.box.sizes, i.nbytes), i.nbytes)
+        for i in items
+    ]
     header, starts = build_header(entries, {"format": "snapstate/1"})
     placed = tuple(PlacedItem(item, path, start) for item, start in zip(items, starts))
     return FilePlan(path, header, placed)

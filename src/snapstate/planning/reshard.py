@@ -47,4 +47,6 @@ def covering_span(chunk: Box, part: Box, itemsize: int, block_bytes: int) -> Byt
 
 def local_slices(container: Box, part: Box) -> tuple[slice, ...]:
     """Slices selecting ``part`` out of a tensor that holds ``container``."""
-    return tuple(slice(p - c, p - c + s) for p, c, s in zip(part.offsets, container.offsets, part.sizes))
+    return tuple(
+        slice(p - c, p - c + s) for p, c, s in zip(part.offsets, container.offsets, part.sizes)
+    )

@@ -20,10 +20,16 @@ def check_consistent(all_metas: list[list[ItemMeta]]) -> None:
                 seen[meta.key] = (rank, meta)
                 continue
             first_rank, first = seen[meta.key]
-            if (first.dtype, first.shape, first.placement) != (meta.dtype, meta.shape, meta.placement):
+            if (first.dtype, first.shape, first.placement) != (
+                meta.dtype,
+                meta.shape,
+                meta.placement,
+            ):
                 problems.append(
                     f"{meta.key!r}: rank {first_rank} has {first.placement.value} {first.dtype}{list(first.shape)}, "
                     f"rank {rank} has {meta.placement.value} {meta.dtype}{list(meta.shape)}"
                 )
     if problems:
-        raise InconsistentStateError("ranks disagree on shared state:\n  " + "\n  ".join(problems[:20]))
+        raise InconsistentStateError(
+            "ranks disagree on shared state:\n  " + "\n  ".join(problems[:20])
+        )

@@ -63,7 +63,9 @@ def item_meta(key: str, t: torch.Tensor, rank_local: bool, from_rank0: bool = Fa
     if is_dtensor(t):
         check_placements(key, t)
         return ItemMeta(key, name, shape, itemsize(t.dtype), Placement.SHARD, (local_box(t),))
-    return ItemMeta(key, name, shape, itemsize(t.dtype), Placement.REPLICATE, (Box.full(shape),), from_rank0)
+    return ItemMeta(
+        key, name, shape, itemsize(t.dtype), Placement.REPLICATE, (Box.full(shape),), from_rank0
+    )
 
 
 def source_view(t: torch.Tensor, box: Box) -> torch.Tensor:

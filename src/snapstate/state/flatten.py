@@ -68,7 +68,9 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
     if isinstance(obj, np.ndarray):
         return _tensor_leaf(_numpy_to_torch(obj, path), path, flat, rank_local, "ndarray")
     if isinstance(obj, np.generic):
-        return _tensor_leaf(_numpy_to_torch(np.asarray(obj), path), path, flat, rank_local, "npscalar")
+        return _tensor_leaf(
+            _numpy_to_torch(np.asarray(obj), path), path, flat, rank_local, "npscalar"
+        )
     if is_rank_local(obj) and not rank_local:
         flat.rank_local_trees[path] = {"s": _visit(obj.state_dict(), path, flat, rank_local=True)}
         return {"rl": path}
@@ -77,7 +79,12 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
             flat.rank0_keys.update(join_key(path, name) for name, _ in obj.named_buffers())
         return {"s": _visit(obj.state_dict(), path, flat, rank_local)}
     if isinstance(obj, dict):
-        return {"d": [[_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local)] for k, v in obj.items()]}
+        return {
+            "d": [
+                [_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local)]
+                for k, v in obj.items()
+            ]
+        }
     if isinstance(obj, (list, tuple)):
         children = [_visit(v, join_key(path, i), flat, rank_local) for i, v in enumerate(obj)]
         return {"tu" if isinstance(obj, tuple) else "l": children}
@@ -93,7 +100,9 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
 
 def _tensor_leaf(t: torch.Tensor, path: str, flat: FlatState, rank_local: bool, kind: str) -> Node:
     if t.is_quantized or t.layout != torch.strided:
-        raise TypeError(f"cannot checkpoint the tensor at key {path!r}: {t.layout} / {t.dtype} is not supported")
+        raise TypeError(
+            f"cannot checkpoint the tensor at key {path!r}: {t.layout} / {t.dtype} is not supported"
+        )
     target = flat.rank_local_tensors if rank_local else flat.tensors
     if path in target:
         raise TypeError(f"two values map to the same key path {path!r} (a str key and an int key?)")
@@ -104,13 +113,17 @@ def _tensor_leaf(t: torch.Tensor, path: str, flat: FlatState, rank_local: bool, 
 
 def _check_key(key: Any, path: str) -> str | int:
     if isinstance(key, bool) or not isinstance(key, (str, int)):
-        raise TypeError(f"dict key {key!r} under {path or '<root>'!r} is a {type(key).__name__}; only str and int keys are saved")
+        raise TypeError(
+            f"dict key {key!r} under {path or '<root>'!r} is a {type(key).__name__}; only str and int keys are saved"
+        )
     return key
 
 
 def _numpy_to_torch(arr: np.ndarray, path: str) -> torch.Tensor:
     if arr.dtype.hasobject or arr.dtype.kind not in "biufc":
-        raise TypeError(f"cannot checkpoint the numpy array at key {path!r}: dtype {arr.dtype} is not numeric")
+        raise TypeError(
+            f"cannot checkpoint the numpy array at key {path!r}: dtype {arr.dtype} is not numeric"
+        )
     if not arr.dtype.isnative:
         arr = arr.astype(arr.dtype.newbyteorder("="))
     if any(s < 0 for s in arr.strides):
@@ -118,4 +131,6 @@ def _numpy_to_torch(arr: np.ndarray, path: str) -> torch.Tensor:
     try:
         return torch.from_numpy(arr)
     except TypeError:  # numeric, but with no torch dtype (longdouble, clongdouble)
-        raise TypeError(f"cannot checkpoint the numpy array at key {path!r}: dtype {arr.dtype} has no torch equivalent") from None
+        raise TypeError(
+            f"cannot checkpoint the numpy array at key {path!r}: dtype {arr.dtype} has no torch equivalent"
+        ) from None

@@ -81,25 +81,35 @@ class _Walk:
     lookup: Lookup
     rank_local_trees: dict[str, Node] | None  # None: rank-local state is skipped
     plan: RestorePlan
-    templates: dict[str, torch.Tensor] = field(default_factory=dict)  # optimizer state path -> its parameter
+    templates: dict[str, torch.Tensor] = field(
+        default_factory=dict
+    )  # optimizer state path -> its parameter
 
 
-def plan_restore(target: Any, tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None) -> RestorePlan:
+def plan_restore(
+    target: Any, tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None
+) -> RestorePlan:
     """Plan filling ``target`` (a dict or Stateful, changed in place) from a checkpoint tree."""
     walk = _Walk(lookup, rank_local_trees, RestorePlan())
     if not isinstance(target, dict) and not is_stateful(target):
-        raise TypeError(f"the state to load into must be a dict or a Stateful object, not {type(target).__name__}")
+        raise TypeError(
+            f"the state to load into must be a dict or a Stateful object, not {type(target).__name__}"
+        )
     _restore(target, tree, "", walk, rebuild=False, rank_local=False)
     return walk.plan
 
 
-def plan_materialize(tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None) -> tuple[Any, RestorePlan]:
+def plan_materialize(
+    tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None
+) -> tuple[Any, RestorePlan]:
     """Build the checkpoint's whole structure as plain containers with newly allocated tensors."""
     walk = _Walk(lookup, rank_local_trees, RestorePlan())
     return _restore(_MISSING, tree, "", walk, rebuild=True, rank_local=False), walk.plan
 
 
-def _restore(target: Any, node: Node, path: str, walk: _Walk, rebuild: bool, rank_local: bool) -> Any:
+def _restore(
+    target: Any, node: Node, path: str, walk: _Walk, rebuild: bool, rank_local: bool
+) -> Any:
     """Return the value that should stand at ``path`` after loading (often ``target`` itself).
 
     ``rebuild`` is true inside Stateful objects: there the checkpoint's structure wins, so
@@ -126,11 +136,15 @@ def _restore(target: Any, node: Node, path: str, walk: _Walk, rebuild: bool, ran
     return _restore_sequence(target, children, "tu" in node, path, walk, rebuild, rank_local)
 
 
-def _restore_dict(target: Any, items: list, path: str, walk: _Walk, rebuild: bool, rank_local: bool) -> Any:
+def _restore_dict(
+    target: Any, items: list, path: str, walk: _Walk, rebuild: bool, rank_local: bool
+) -> Any:
     stored = {k: child for k, child in items}
     if not isinstance(target, dict):
         if not rebuild and target is not _MISSING:
-            walk.plan.mismatches.append(StateMismatch(path, f"target is a {type(target).__name__}, checkpoint holds a dict"))
+            walk.plan.mismatches.append(
+                StateMismatch(path, f"target is a {type(target).__name__}, checkpoint holds a dict")
+            )
             return target
         target = {}
     for key in list(target):
@@ -145,13 +159,29 @@ def _restore_dict(target: Any, items: list, path: str, walk: _Walk, rebuild: boo
     return target
 
 
-def _restore_sequence(target: Any, children: list, as_tuple: bool, path: str, walk: _Walk, rebuild: bool, rank_local: bool) -> Any:
+def _restore_sequence(
+    target: Any,
+    children: list,
+    as_tuple: bool,
+    path: str,
+    walk: _Walk,
+    rebuild: bool,
+    rank_local: bool,
+) -> Any:
     same_shape = isinstance(target, (list, tuple)) and len(target) == len(children)
     if not same_shape and not rebuild:
-        walk.plan.mismatches.append(StateMismatch(path, f"target is {_describe(target)}, checkpoint holds a sequence of {len(children)}"))
+        walk.plan.mismatches.append(
+            StateMismatch(
+                path,
+                f"target is {_describe(target)}, checkpoint holds a sequence of {len(children)}",
+            )
+        )
         return target
     olds = list(target) if same_shape else [_MISSING] * len(children)
-    values = [_restore(old, c, join_key(path, i), walk, rebuild, rank_local) for i, (old, c) in enumerate(zip(olds, children))]
+    values = [
+        _restore(old, c, join_key(path, i), walk, rebuild, rank_local)
+        for i, (old, c) in enumerate(zip(olds, children))
+    ]
     if as_tuple:
         if any(isinstance(v, _Pending) for v in values):
             return _Pending(lambda: tuple(_resolved(v) for v in values))
@@ -166,9 +196,15 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
     if target is _MISSING:  # materializing: a Stateful object becomes its plain state dict
         return _restore(_MISSING, node, path, walk, rebuild=True, rank_local=rank_local)
     if not is_stateful(target):
-        walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds a Stateful object, target is {_describe(target)}"))
+        walk.plan.mismatches.append(
+            StateMismatch(
+                path, f"checkpoint holds a Stateful object, target is {_describe(target)}"
+            )
+        )
         return target
-    walk.templates.update(optimizer_templates(target, path))  # lazily created state is placed like its parameter
+    walk.templates.update(
+        optimizer_templates(target, path)
+    )  # lazily created state is placed like its parameter
     new_sd = _restore(target.state_dict(), node, path, walk, rebuild=True, rank_local=rank_local)
     walk.plan.finalizers.append(lambda: target.load_state_dict(_resolved(new_sd)))
     return target
@@ -180,12 +216,16 @@ def _restore_rank_local(target: Any, node: Node, path: str, walk: _Walk) -> Any:
         return target
     sub = walk.rank_local_trees.get(node["rl"])
     if sub is None:
-        walk.plan.mismatches.append(StateMismatch(path, "rank-local state of this rank missing in checkpoint"))
+        walk.plan.mismatches.append(
+            StateMismatch(path, "rank-local state of this rank missing in checkpoint")
+        )
         return target
     if target is _MISSING:
         return _restore(_MISSING, sub, path, walk, rebuild=True, rank_local=True)
     if not is_rank_local(target):
-        walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds rank-local state, target is {_describe(target)}"))
+        walk.plan.mismatches.append(
+            StateMismatch(path, f"checkpoint holds rank-local state, target is {_describe(target)}")
+        )
         return target
     return _restore(target, sub, path, walk, rebuild=True, rank_local=True)
 
@@ -206,7 +246,9 @@ def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local:
         return _allocate(key, stored, walk, rank_local)
     as_torch = _as_torch_view(target)
     if as_torch is None:
-        walk.plan.mismatches.append(StateMismatch(path, f"checkpoint holds a {stored.kind}, target is {_describe(target)}"))
+        walk.plan.mismatches.append(
+            StateMismatch(path, f"checkpoint holds a {stored.kind}, target is {_describe(target)}")
+        )
         return target
     problem = _compare(as_torch, stored)
     if problem:
@@ -217,7 +259,11 @@ def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local:
 
 
 def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> Any:
-    template = walk.templates.get(key.rsplit("/", 1)[0]) if stored.kind == "tensor" and not rank_local else None
+    template = (
+        walk.templates.get(key.rsplit("/", 1)[0])
+        if stored.kind == "tensor" and not rank_local
+        else None
+    )
     placed = allocate_like(template, stored.shape, stored.dtype) if template is not None else None
     tensor = placed if placed is not None else empty_tensor(stored.shape, stored.dtype)
     walk.plan.reads.append(ReadRequest(key, tensor, rank_local))

@@ -39,7 +39,15 @@ class RNGState:
         py = state["python"]
         random.setstate((py["version"], tuple(py["internal"]), py["gauss"]))
         n = state["numpy"]
-        np.random.set_state((n["name"], np.asarray(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+        np.random.set_state(
+            (
+                n["name"],
+                np.asarray(n["keys"], dtype=np.uint32),
+                n["pos"],
+                n["has_gauss"],
+                n["gauss"],
+            )
+        )
         torch.set_rng_state(torch.as_tensor(state["torch"], dtype=torch.uint8).cpu())
         cuda_states = state.get("cuda") or []
         if cuda_states:

@@ -22,7 +22,9 @@ def is_stateful(obj: Any) -> bool:
     # and runs for every node of a state tree. Classes (not instances) must not be called.
     if type(obj) in _PLAIN or isinstance(obj, type):
         return False
-    return callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))
+    return callable(getattr(obj, "state_dict", None)) and callable(
+        getattr(obj, "load_state_dict", None)
+    )
 
 
 class RankLocal:

@@ -25,7 +25,9 @@ def _writeback_starter() -> Callable[[int, int, int], None] | None:
         import ctypes
         import ctypes.util
 
-        fn = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True).sync_file_range
+        fn = ctypes.CDLL(
+            ctypes.util.find_library("c") or "libc.so.6", use_errno=True
+        ).sync_file_range
     except (OSError, AttributeError):
         return None
     fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
@@ -90,7 +92,9 @@ class LocalFileReader:
         while got < len(out):
             n = os.preadv(self.fd, [out[got:]], offset + got)  # releases the GIL
             if not n:
-                raise EOFError(f"{self.full_path}: file ends at byte {offset + got}, expected {offset + len(out)}")
+                raise EOFError(
+                    f"{self.full_path}: file ends at byte {offset + got}, expected {offset + len(out)}"
+                )
             got += n
 
     def close(self) -> None:
@@ -122,7 +126,9 @@ class LocalStorage:
             while got < len(out):
                 n = f.readinto(out[got:])
                 if not n:
-                    raise EOFError(f"{self._full(path)}: file ends at byte {offset + got}, expected {offset + len(out)}")
+                    raise EOFError(
+                        f"{self._full(path)}: file ends at byte {offset + got}, expected {offset + len(out)}"
+                    )
                 got += n
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
