@@ -9,11 +9,16 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from snapstate.engine.load import DEFAULT_READ_THREADS, read_tasks, records_for, run_reads
+from snapstate.engine.load import (
+    DEFAULT_READ_THREADS,
+    plan_tasks,
+    records_for,
+    run_reads,
+    stored_lookup,
+)
 from snapstate.engine.verify import read_manifest
-from snapstate.format.dtypes import dtype_from_name
 from snapstate.state.flatten import join_key
-from snapstate.state.restore import StoredTensor, plan_materialize
+from snapstate.state.restore import plan_materialize
 from snapstate.storage.base import storage_for
 
 
@@ -25,10 +30,7 @@ def materialize(path: str | os.PathLike[str], rank: int | None = None) -> Any:
     storage = storage_for(path)
     manifest = read_manifest(storage)
     find = records_for(manifest, rank)
-
-    def lookup(key: str, rank_local: bool) -> StoredTensor | None:
-        rec = find(key, rank_local)
-        return StoredTensor(dtype_from_name(rec.dtype), tuple(rec.shape), rec.kind) if rec else None
+    lookup = stored_lookup(find)
 
     trees = (
         manifest.rank_local[rank].trees
@@ -36,11 +38,7 @@ def materialize(path: str | os.PathLike[str], rank: int | None = None) -> Any:
         else None
     )
     value, plan = plan_materialize(manifest.tree, lookup, trees)
-    tasks = [
-        t
-        for req in plan.reads
-        for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)
-    ]  # type: ignore[arg-type]
+    tasks = plan_tasks(plan.reads, find)
     run_reads(storage, tasks, DEFAULT_READ_THREADS)
     plan.apply_structure()
     for finalize in plan.finalizers:  # numpy scalars take their slots once read

@@ -19,7 +19,7 @@ from typing import Any
 
 import click
 
-from snapstate.engine.commit import assemble_manifest
+from snapstate.engine.commit import assemble_manifest, marker_chunk
 from snapstate.format.integrity import block_count
 from snapstate.format.manifest import parse_manifest
 from snapstate.planning.items import Box, ItemMeta, Placement, SavePlan
@@ -290,18 +290,9 @@ def _manifest(plan: SavePlan, block_bytes: int) -> tuple[int, int, float, float]
     chunks = 0
     for rank_plan in plan.ranks:
         items = [
-            {
-                "key": p.item.key,
-                "placement": p.item.placement.value,
-                "file": p.file,
-                "name": p.item.name,
-                "start": p.start,
-                "end": p.end,
-                "offsets": list(p.item.box.offsets),
-                "sizes": list(p.item.box.sizes),
-                "block_bytes": block_bytes,
-                "xxh3": ["0123456789abcdef"] * block_count(p.item.nbytes, block_bytes),
-            }
+            marker_chunk(
+                p, block_bytes, ["0123456789abcdef"] * block_count(p.item.nbytes, block_bytes)
+            )
             for f in rank_plan.files
             for p in f.items
         ]

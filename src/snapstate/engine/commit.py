@@ -28,7 +28,7 @@ from snapstate.format.manifest import (
     RankLocalRecord,
     TensorRecord,
 )
-from snapstate.planning.items import ItemMeta, SavePlan
+from snapstate.planning.items import ItemMeta, PlacedItem, SavePlan
 from snapstate.planning.replicas import ReplicaGroup
 from snapstate.storage.base import Storage
 
@@ -37,6 +37,22 @@ MARKERS = ".markers"
 
 def marker_path(rank: int) -> str:
     return f"{MARKERS}/r{rank:05d}.json"
+
+
+def marker_chunk(p: PlacedItem, block_bytes: int, xxh3: list[str]) -> dict[str, Any]:
+    """How a rank's marker reports one chunk it wrote."""
+    return {
+        "key": p.item.key,
+        "placement": p.item.placement.value,
+        "file": p.file,
+        "name": p.item.name,
+        "start": p.start,
+        "end": p.end,
+        "offsets": list(p.item.box.offsets),
+        "sizes": list(p.item.box.sizes),
+        "block_bytes": block_bytes,
+        "xxh3": xxh3,
+    }
 
 
 def write_marker(storage: Storage, rank: int, marker: dict[str, Any]) -> None:

@@ -29,7 +29,7 @@ from snapstate.format.manifest import ChunkRecord, Manifest, TensorRecord
 from snapstate.planning.items import Box
 from snapstate.planning.reshard import covering_span, local_slices, overlap
 from snapstate.state.dtensor import local_box, local_data
-from snapstate.state.restore import StoredTensor, plan_restore
+from snapstate.state.restore import ReadRequest, StoredTensor, plan_restore
 from snapstate.storage.base import Storage
 
 DEFAULT_READ_THREADS = 4
@@ -89,10 +89,7 @@ def load_into(
     shared = coord is not None and coord.world_size > 1 and read_once and transport_ok(coord)
     started = time.perf_counter()
     find = records_for(manifest, rank)
-
-    def lookup(key: str, rank_local: bool) -> StoredTensor | None:
-        rec = find(key, rank_local)
-        return StoredTensor(dtype_from_name(rec.dtype), tuple(rec.shape), rec.kind) if rec else None
+    lookup = stored_lookup(find)
 
     rl_trees = (
         manifest.rank_local[rank].trees
@@ -105,11 +102,7 @@ def load_into(
         if shared:
             fail_together(coord, error)  # type: ignore[arg-type]
         raise error
-    tasks = [
-        t
-        for req in plan.reads
-        for t in read_tasks(req.key, find(req.key, req.rank_local), req.target)
-    ]  # type: ignore[arg-type]
+    tasks = plan_tasks(plan.reads, find)
     result = LoadResult(
         storage.root,
         skipped=SkippedKeys(
@@ -127,6 +120,30 @@ def load_into(
         finalize()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def stored_lookup(
+    find: Callable[[str, bool], TensorRecord | None],
+) -> Callable[[str, bool], StoredTensor | None]:
+    """What restore planning needs to know of a stored tensor: dtype, shape, kind."""
+
+    def lookup(key: str, rank_local: bool) -> StoredTensor | None:
+        rec = find(key, rank_local)
+        return StoredTensor(dtype_from_name(rec.dtype), tuple(rec.shape), rec.kind) if rec else None
+
+    return lookup
+
+
+def plan_tasks(
+    reads: list[ReadRequest], find: Callable[[str, bool], TensorRecord | None]
+) -> list[ReadTask]:
+    """The reads of every requested key (restore planning only requests keys the manifest has)."""
+    tasks: list[ReadTask] = []
+    for req in reads:
+        record = find(req.key, req.rank_local)
+        assert record is not None
+        tasks.extend(read_tasks(req.key, record, req.target))
+    return tasks
 
 
 def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[ReadTask]:

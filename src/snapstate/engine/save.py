@@ -11,7 +11,14 @@ import torch
 from snapstate.dist.coordinator import Coordinator
 from snapstate.dist.exchange import exchange_plan
 from snapstate.dist.replicas import ReplicaHasher
-from snapstate.engine.commit import MARKERS, finish_rank, marker_path, report_failure, write_marker
+from snapstate.engine.commit import (
+    MARKERS,
+    finish_rank,
+    marker_chunk,
+    marker_path,
+    report_failure,
+    write_marker,
+)
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter
 from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager, row_pieces
@@ -238,18 +245,7 @@ def _marker(
 ) -> dict[str, Any]:
     flat = prepared.flat
     chunks = [
-        {
-            "key": p.item.key,
-            "placement": p.item.placement.value,
-            "file": p.file,
-            "name": p.item.name,
-            "start": p.start,
-            "end": p.end,
-            "offsets": list(p.item.box.offsets),
-            "sizes": list(p.item.box.sizes),
-            "block_bytes": options.block_bytes,
-            "xxh3": stats.digests[(p.file, p.start, p.end)],
-        }
+        marker_chunk(p, options.block_bytes, stats.digests[(p.file, p.start, p.end)])
         for f in rank_plan.files
         for p in f.items
     ]
