@@ -16,7 +16,6 @@ from snapstate import api
 from snapstate.dist.coordinator import Coordinator, default_coordinator
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.save import SaveOptions
-from snapstate.engine.verify import read_manifest
 from snapstate.errors import CheckpointError
 from snapstate.lock import RootLock
 from snapstate.retention import steps_to_delete
@@ -185,11 +184,3 @@ class CheckpointManager:
             # Uncommit first (manifest gone = invisible), then delete the bytes.
             self.storage.remove(f"{name}/manifest.json")
             self.storage.remove_tree(name)
-
-
-def is_valid(path: str) -> bool:
-    try:
-        read_manifest(storage_for(path))
-        return True
-    except CheckpointError:
-        return False

@@ -19,7 +19,7 @@ from snapstate.dist.barrier import OK, StoreBarrier, describe, raise_for
 from snapstate.dist.coordinator import Coordinator
 from snapstate.dist.replicas import check_markers
 from snapstate.dist.trees import merge_trees
-from snapstate.errors import CheckpointError, CheckpointTimeoutError
+from snapstate.errors import CheckpointError
 from snapstate.format.manifest import (
     MANIFEST,
     ChunkRecord,
@@ -194,12 +194,3 @@ def report_failure(coord: Coordinator, save_id: str, exc: BaseException) -> None
         StoreBarrier(coord, save_id).arrive(describe(exc))
     except Exception:  # noqa: BLE001 - the store itself may be gone; the timeout then applies
         pass
-
-
-__all__ = [
-    "CheckpointTimeoutError",
-    "assemble_manifest",
-    "finish_rank",
-    "report_failure",
-    "write_marker",
-]

@@ -7,7 +7,6 @@ Reading the bytes is the engine's job.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -298,7 +297,3 @@ def _describe(value: Any) -> str:
     if value is _MISSING:
         return "absent"
     return f"a {type(value).__name__}"
-
-
-def numel(shape: tuple[int, ...]) -> int:
-    return math.prod(shape)
