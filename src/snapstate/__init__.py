@@ -1,5 +1,6 @@
 """snapstate: asynchronous, fully parallel, reshardable, crash-consistent training checkpoints."""
 
+from snapstate._version import __version__ as __version__
 from snapstate.api import async_save, inspect, load, save, verify
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult
@@ -23,8 +24,6 @@ from snapstate.manager import CheckpointManager
 from snapstate.planning.layout import PlanOptions
 from snapstate.state.rng import RNGState
 from snapstate.state.stateful import RankLocal, Stateful
-
-__version__ = "0.1.0"
 
 __all__ = [
     "CheckpointError",

@@ -7,7 +7,7 @@ import os
 import threading
 from typing import Any, Literal
 
-from snapstate.dist.coordinator import default_coordinator
+from snapstate.collective.coordinator import default_coordinator
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.save import SaveOptions, start_save
@@ -125,7 +125,7 @@ def load(
         if (
             coord.world_size > 1 and read_once
         ):  # the others are entering the load's collective: fail them too
-            from snapstate.dist.loadshare import fail_together, transport_ok
+            from snapstate.collective.loadshare import fail_together, transport_ok
 
             if transport_ok(coord):
                 fail_together(coord, exc)

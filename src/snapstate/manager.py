@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from snapstate import api
-from snapstate.dist.coordinator import Coordinator, default_coordinator
+from snapstate.collective.coordinator import Coordinator, default_coordinator
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.save import SaveOptions
 from snapstate.errors import CheckpointError

@@ -22,8 +22,8 @@ import click
 from snapstate.engine.commit import assemble_manifest, marker_chunk
 from snapstate.format.integrity import block_count
 from snapstate.format.manifest import parse_manifest
-from snapstate.planning.items import Box, ItemMeta, Placement, SavePlan
-from snapstate.planning.layout import PlanOptions, plan_save
+from snapstate.planning.items import Box, ItemMeta, Placement
+from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
 from snapstate.planning.replicas import replica_groups
 
 GiB = 1 << 30

@@ -74,9 +74,8 @@ def write_run(path: Path, losses: dict[int, float], params: dict[str, torch.Tens
 def test_compare_finds_the_first_divergent_step(tmp_path: Path) -> None:
     w = torch.ones(3)
     write_run(tmp_path / "ref", {1: 1.0, 2: 0.9, 3: 0.8, 4: 0.7}, {"w": w})
-    write_run(
-        tmp_path / "killed", {1: 1.0, 2: 0.9, 3: 0.5}, None
-    )  # lines after the checkpoint are ignored
+    # lines after the checkpoint are ignored
+    write_run(tmp_path / "killed", {1: 1.0, 2: 0.9, 3: 0.5}, None)
     write_run(tmp_path / "same", {3: 0.8, 4: 0.7}, {"w": w.clone()})
     write_run(tmp_path / "diff", {3: 0.8, 4: 0.75}, {"w": w + 0.25})
     same = compare("snapstate", "m", 1, 2, tmp_path / "ref", tmp_path / "killed", tmp_path / "same")

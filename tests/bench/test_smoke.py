@@ -52,9 +52,8 @@ def test_blocking_never_exceeds_total_save_time(smoke: tuple[Path, dict[str, Any
     _, doc = smoke
     cfg = doc["config"]
     for r in doc["records"]:
-        assert (
-            r["checkpoints"] == (cfg["steps"] - 1) // cfg["every"]
-        )  # older ones pruned on the way
+        # older ones pruned on the way
+        assert r["checkpoints"] == (cfg["steps"] - 1) // cfg["every"]
         assert 0 < r["blocking_s"] <= r["save_s"], r["method"]
         for b, s in zip(r["blocking_s_all"], r["save_s_all"], strict=True):
             assert b <= s

@@ -228,9 +228,8 @@ def test_os_error_during_async_persist(
     target = tmp_path / "step-2"
     with monkeypatch.context() as mp:
         OS_FAULTS[fault](mp)
-        handle = ss.async_save(
-            state_of(2, seed=2), target, options=OPTIONS
-        )  # staging never touches the disk
+        # staging never touches the disk
+        handle = ss.async_save(state_of(2, seed=2), target, options=OPTIONS)
         with pytest.raises(OSError) as info:
             handle.wait()
     assert info.value.errno == EXPECTED[fault.split("-")[0]]

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from snapstate.dist.coordinator import LocalCoordinator
+from snapstate.collective.coordinator import LocalCoordinator
 
 
 class SharedStore(LocalCoordinator):

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 import snapstate as ss
-from snapstate.dist.barrier import StoreBarrier, store_barrier
-from snapstate.dist.coordinator import gather_or_raise
-from snapstate.dist.exchange import exchange_plan
-from snapstate.dist.replicas import device_fingerprint, fingerprint
+from snapstate.collective.barrier import StoreBarrier, store_barrier
+from snapstate.collective.coordinator import gather_or_raise
+from snapstate.collective.exchange import exchange_plan
+from snapstate.collective.replica_check import device_fingerprint, fingerprint
 from snapstate.engine.save import SaveOptions, start_save
 from snapstate.planning.cache import Decision, Offer, decide
 from snapstate.planning.layout import PlanOptions
@@ -95,9 +95,8 @@ def test_replica_check_names_key_and_ranks(tmp_path: Path) -> None:
 
 
 def test_replica_check_passes_equal_replicas(tmp_path: Path) -> None:
-    results = _save_on(
-        World(2), tmp_path, lambda rank: {"w": torch.arange(12.0).reshape(4, 3).t()}
-    )  # non-contiguous
+    # non-contiguous
+    results = _save_on(World(2), tmp_path, lambda rank: {"w": torch.arange(12.0).reshape(4, 3).t()})
     assert all(isinstance(r, ss.SaveResult) and r.timings["replica_check_s"] > 0 for r in results)
 
 

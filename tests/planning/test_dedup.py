@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from snapstate.planning.items import Box, ItemMeta, Placement, SavePlan
-from snapstate.planning.layout import PlanOptions, plan_save
+from snapstate.planning.items import Box, ItemMeta, Placement
+from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
 
 CHUNK = 1 << 10
 
@@ -90,10 +90,11 @@ def test_dtensor_boxes_once_each_by_a_holder_and_replicas_spread() -> None:
         assert_tiles(shape, [b for b, _ in by_key[key]])
         assert all(b.numel > 0 for b, _ in by_key[key])  # no empty chunk for an empty shard
     writers = {b.offsets: r for b, r in by_key["a"]}
+    # written by a rank that holds it
     assert writers[(0, 0)] in (0, 2) and writers[(4, 0)] in (
         1,
         3,
-    )  # written by a rank that holds it
+    )
     assert len(set(r for _, r in by_key["a"])) == 2
 
 

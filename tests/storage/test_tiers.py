@@ -109,9 +109,8 @@ def test_reads_prefer_the_fast_tier_and_fall_back_to_the_durable_one(
     assert_same_state(state, restored)
     assert counted.data_reads == {} and counted.small_reads == {}  # nothing came from S3
     restored = training_state(seed=2)
-    ss.load(
-        restored, TieredStorage(LocalStorage(str(tmp_path / "new-node")), counted)
-    )  # empty fast tier
+    # empty fast tier
+    ss.load(restored, TieredStorage(LocalStorage(str(tmp_path / "new-node")), counted))
     assert_same_state(state, restored)
     assert sum(counted.data_reads.values()) > 0
 

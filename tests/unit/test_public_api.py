@@ -10,17 +10,39 @@ import snapstate as ss
 from snapstate import errors
 
 # The names DESIGN.md's "Public API" section promises.
+# fmt: skip
 DESIGN_NAMES = {
-    "save", "async_save", "load", "verify", "inspect", "CheckpointManager", "RNGState", "RankLocal",
-    "Stateful", "CheckpointError", "CheckpointNotFoundError", "CorruptCheckpointError",
-    "IncompatibleStateError", "CheckpointTimeoutError",
-}  # fmt: skip
+    "save",
+    "async_save",
+    "load",
+    "verify",
+    "inspect",
+    "CheckpointManager",
+    "RNGState",
+    "RankLocal",
+    "Stateful",
+    "CheckpointError",
+    "CheckpointNotFoundError",
+    "CorruptCheckpointError",
+    "IncompatibleStateError",
+    "CheckpointTimeoutError",
+}
 # What users meet through those: results, handles, options, reports, the other errors.
+# fmt: skip
 USER_NAMES = {
-    "SaveHandle", "SaveResult", "LoadResult", "VerifyReport", "Manifest", "SaveOptions", "PlanOptions",
-    "HostBufferPool", "CheckpointExistsError", "CheckpointLockedError", "CheckpointWorkerError",
+    "SaveHandle",
+    "SaveResult",
+    "LoadResult",
+    "VerifyReport",
+    "Manifest",
+    "SaveOptions",
+    "PlanOptions",
+    "HostBufferPool",
+    "CheckpointExistsError",
+    "CheckpointLockedError",
+    "CheckpointWorkerError",
     "UnsupportedFormatError",
-}  # fmt: skip
+}
 
 
 def test_all_is_sorted_without_duplicates() -> None:

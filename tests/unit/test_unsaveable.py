@@ -82,7 +82,6 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
 def test_async_save_raises_type_error_before_returning(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="x"):
         ss.async_save({"x": {1, 2}}, tmp_path / "c")
-    handle = ss.async_save(
-        {"x": torch.ones(2)}, tmp_path / "d"
-    )  # the failed call left no save in flight
+    # the failed call left no save in flight
+    handle = ss.async_save({"x": torch.ones(2)}, tmp_path / "d")
     handle.wait()

@@ -327,8 +327,8 @@ class _SnapstateBase(Method):
             return f"snapstate core lacks {', '.join(missing)}"
         # Without its torch.distributed coordinator snapstate treats every rank as a lone
         # process, and N ranks would race on one checkpoint directory.
-        if world > 1 and importlib.util.find_spec("snapstate.dist.torch_dist") is None:
-            return "multi-rank save (snapstate.dist.torch_dist) is not in this build yet"
+        if world > 1 and importlib.util.find_spec("snapstate.collective.torch_dist") is None:
+            return "multi-rank save (snapstate.collective.torch_dist) is not in this build yet"
         return None
 
     def state(self, trainer: Trainer) -> dict[str, Any]:

@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
-from snapstate.dist.barrier import OK, StoreBarrier, describe, raise_for
-from snapstate.dist.coordinator import Coordinator
-from snapstate.dist.replicas import check_markers
-from snapstate.dist.trees import merge_trees
+from snapstate._version import __version__
+from snapstate.collective.barrier import OK, StoreBarrier, describe, raise_for
+from snapstate.collective.coordinator import Coordinator
+from snapstate.collective.replica_check import check_markers
 from snapstate.errors import CheckpointError
 from snapstate.format.manifest import (
     MANIFEST,
@@ -28,8 +28,10 @@ from snapstate.format.manifest import (
     RankLocalRecord,
     TensorRecord,
 )
-from snapstate.planning.items import ItemMeta, PlacedItem, SavePlan
+from snapstate.planning.items import ItemMeta, PlacedItem
+from snapstate.planning.layout import SavePlan
 from snapstate.planning.replicas import ReplicaGroup
+from snapstate.planning.trees import merge_trees
 from snapstate.storage.base import Storage
 
 MARKERS = ".markers"
@@ -71,9 +73,8 @@ def assemble_manifest(
     timings: dict[str, Any],
 ) -> Manifest:
     """Pure: the manifest from the plan and what every rank reported."""
-    tree = merge_trees(
-        tree, [m["tree"] for m in markers if "tree" in m]
-    )  # ranks whose structure differs
+    # ranks whose structure differs
+    tree = merge_trees(tree, [m["tree"] for m in markers if "tree" in m])
     tensors = {
         key: _record(meta, markers[0]["kinds"].get(key, "tensor"))
         for key, meta in plan.metas.items()
@@ -132,8 +133,6 @@ def _record(meta: ItemMeta, kind: str) -> TensorRecord:
 
 
 def _versions() -> dict[str, str]:
-    from snapstate import __version__
-
     return {
         "snapstate": __version__,
         "torch": torch.__version__,
@@ -170,15 +169,13 @@ def finish_rank(
         if failed:
             raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
         markers = read_markers(storage, coord.world_size)
-        check_markers(
-            replicas or [], markers
-        )  # replicas that diverged: ReplicaMismatchError, no commit
+        # replicas that diverged: ReplicaMismatchError, no commit
+        check_markers(replicas or [], markers)
         manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
         storage.write_atomic(MANIFEST, manifest.to_json())
     except BaseException as exc:
-        barrier.decide(
-            describe(exc), getattr(exc, "arrived", arrived), wait=timeout
-        )  # the ranks waiting hear why
+        # the ranks waiting hear why
+        barrier.decide(describe(exc), getattr(exc, "arrived", arrived), wait=timeout)
         raise
     try:  # committed: the markers are invisible leftovers now, and tidying them is no failure
         storage.remove_tree(MARKERS)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from snapstate.dist.coordinator import Coordinator
+from snapstate.collective.coordinator import Coordinator
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.staging import bits_view, byte_view
 from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, SkippedKeys
@@ -84,7 +84,7 @@ def load_into(
     With a coordinator of several ranks and ``read_once``, bytes that several ranks need are
     read by one of them and sent to the others (a collective: every rank calls this).
     """
-    from snapstate.dist.loadshare import fail_together, shared_reads, transport_ok
+    from snapstate.collective.loadshare import fail_together, shared_reads, transport_ok
 
     shared = coord is not None and coord.world_size > 1 and read_once and transport_ok(coord)
     started = time.perf_counter()

@@ -24,9 +24,8 @@ _STOP = object()
 class PersistStats:
     bytes_written: int = 0
     write_s: float = 0.0
-    digests: dict[tuple[str, int, int], list[str]] = field(
-        default_factory=dict
-    )  # (file, start, end) -> xxh3 blocks
+    # (file, start, end) -> xxh3 blocks
+    digests: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)
 
 
 class RankWriter:
@@ -188,11 +187,12 @@ class RankWriter:
             self.stats.write_s += time.perf_counter() - started
 
     def _hash(self, placed: PlacedItem, staged: StagedBytes, last: bool) -> None:
+        # an empty chunk starts where the next one does
         key = (
             placed.file,
             placed.start,
             placed.end,
-        )  # an empty chunk starts where the next one does
+        )
         hasher = self._hashers.setdefault(key, BlockHasher(self.block_bytes))
         hasher.update(staged.data)
         if last:

@@ -8,9 +8,9 @@ from typing import Any
 
 import torch
 
-from snapstate.dist.coordinator import Coordinator
-from snapstate.dist.exchange import exchange_plan
-from snapstate.dist.replicas import ReplicaHasher
+from snapstate.collective.coordinator import Coordinator
+from snapstate.collective.exchange import exchange_plan
+from snapstate.collective.replica_check import ReplicaHasher
 from snapstate.engine.commit import (
     MARKERS,
     finish_rank,
@@ -25,8 +25,8 @@ from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager,
 from snapstate.errors import CheckpointExistsError
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.format.manifest import MANIFEST
-from snapstate.planning.items import ItemMeta, Placement, RankPlan, SavePlan
-from snapstate.planning.layout import PlanOptions
+from snapstate.planning.items import ItemMeta, Placement, RankPlan
+from snapstate.planning.layout import PlanOptions, SavePlan
 from snapstate.planning.replicas import ReplicaGroup
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
@@ -53,9 +53,8 @@ class _Prepared:
     save_id: str
     tree_differs: bool = False  # this rank's structure differs from rank 0's: its marker carries it
     timings: dict[str, float] = field(default_factory=dict)
-    replicas: list[ReplicaGroup] = field(
-        default_factory=list
-    )  # boxes several ranks hold, compared at commit
+    # boxes several ranks hold, compared at commit
+    replicas: list[ReplicaGroup] = field(default_factory=list)
     hasher: ReplicaHasher | None = None
 
 
@@ -166,22 +165,19 @@ def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
 
 def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
     def local() -> tuple[FlatState, list[ItemMeta]]:
-        flat = flatten_state(
-            state
-        )  # first: an unsaveable state must not uncommit the old checkpoint
+        # first: an unsaveable state must not uncommit the old checkpoint
+        flat = flatten_state(state)
         if coord.rank == 0:
             _clear_target(storage, options.overwrite)
         return flat, _item_metas(flat)
 
     started = time.perf_counter()
-    agreed = exchange_plan(
-        coord, local, options.plan
-    )  # every rank: the same plan, cached while unchanged
+    # every rank: the same plan, cached while unchanged
+    agreed = exchange_plan(coord, local, options.plan)
     timings = {"plan_s": time.perf_counter() - started, "plan_cached": float(agreed.cached)}
     check = options.verify_replicas == "hash" and coord.world_size > 1 and bool(agreed.replicas)
-    hasher = (
-        ReplicaHasher(agreed.flat, agreed.replicas, coord.rank) if check else None
-    )  # overlaps staging and writes
+    # overlaps staging and writes
+    hasher = ReplicaHasher(agreed.flat, agreed.replicas, coord.rank) if check else None
     return _Prepared(
         agreed.flat,
         agreed.plan,

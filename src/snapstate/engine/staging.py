@@ -261,9 +261,8 @@ class Stager:
         if self.pool is not None:
             self.pool.seal()
         if self.stream is not None:
-            torch.cuda.current_stream().wait_stream(
-                self.stream
-            )  # later updates wait for our copies
+            # later updates wait for our copies
+            torch.cuda.current_stream().wait_stream(self.stream)
 
     def _copy(self, piece: torch.Tensor) -> StagedBytes:
         nbytes = piece.numel() * piece.element_size()

@@ -50,9 +50,8 @@ def build_header(entries: list[ShardEntry], metadata: dict[str, str]) -> tuple[b
 @dataclass(frozen=True)
 class ParsedShard:
     data_start: int
-    entries: dict[
-        str, tuple[str, list[int], int, int]
-    ]  # name -> (dtype, shape, begin, end) absolute
+    # name -> (dtype, shape, begin, end) absolute
+    entries: dict[str, tuple[str, list[int], int, int]]
     metadata: dict[str, str]
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import xxhash
 
-from snapstate.planning.items import ItemMeta, SavePlan
+from snapstate.planning.items import ItemMeta
+from snapstate.planning.layout import SavePlan
 
 
 class Decision(str, Enum):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 
 
@@ -104,33 +104,3 @@ class RankPlan:
     @property
     def nbytes(self) -> int:
         return sum(f.size for f in self.files)
-
-
-@dataclass(frozen=True)
-class SavePlan:
-    """The same on every rank: what each rank writes, and the keys the manifest reports.
-
-    A rank lays out only its own files (``for_rank``): at thousands of ranks, building every
-    rank's shard headers on every rank cost more than the whole assignment.
-    """
-
-    world_size: int
-    items: tuple[tuple[WriteItem, ...], ...]  # per rank, the chunks it writes
-    metas: dict[str, ItemMeta] = field(default_factory=dict)  # global (non rank-local) keys
-    max_file_bytes: int = 2 << 30
-    _layout: dict[int, RankPlan] = field(default_factory=dict, compare=False, repr=False)
-
-    def for_rank(self, rank: int) -> RankPlan:
-        """The rank's shard files with headers and offsets (built once, then kept)."""
-        plan = self._layout.get(rank)
-        if plan is None:
-            from snapstate.planning.layout import plan_files  # layout builds on this module
-
-            plan = self._layout[rank] = RankPlan(
-                rank, tuple(plan_files(rank, list(self.items[rank]), self.max_file_bytes))
-            )
-        return plan
-
-    @property
-    def ranks(self) -> tuple[RankPlan, ...]:
-        return tuple(self.for_rank(r) for r in range(self.world_size))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from snapstate.format.dtypes import safetensors_entry
 from snapstate.format.shard import ShardEntry, build_header
@@ -12,7 +12,7 @@ from snapstate.planning.items import (
     ItemMeta,
     PlacedItem,
     Placement,
-    SavePlan,
+    RankPlan,
     WriteItem,
 )
 from snapstate.planning.validate import check_consistent
@@ -22,9 +22,8 @@ DEFAULT_FILE_BYTES = 2 << 30
 
 @dataclass(frozen=True)
 class PlanOptions:
-    chunk_bytes: int = (
-        DEFAULT_CHUNK_BYTES  # replicated tensors are split and spread in chunks of this size
-    )
+    # replicated tensors are split and spread in chunks of this size
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES
     max_file_bytes: int = DEFAULT_FILE_BYTES  # a rank starts a new shard file past this size
 
 
@@ -65,3 +64,31 @@ def _file_plan(path: str, items: list[WriteItem]) -> FilePlan:
     header, starts = build_header(entries, {"format": "snapstate/1"})
     placed = tuple(PlacedItem(item, path, start) for item, start in zip(items, starts))
     return FilePlan(path, header, placed)
+
+
+@dataclass(frozen=True)
+class SavePlan:
+    """The same on every rank: what each rank writes, and the keys the manifest reports.
+
+    A rank lays out only its own files (``for_rank``): at thousands of ranks, building every
+    rank's shard headers on every rank cost more than the whole assignment.
+    """
+
+    world_size: int
+    items: tuple[tuple[WriteItem, ...], ...]  # per rank, the chunks it writes
+    metas: dict[str, ItemMeta] = field(default_factory=dict)  # global (non rank-local) keys
+    max_file_bytes: int = 2 << 30
+    _layout: dict[int, RankPlan] = field(default_factory=dict, compare=False, repr=False)
+
+    def for_rank(self, rank: int) -> RankPlan:
+        """The rank's shard files with headers and offsets (built once, then kept)."""
+        plan = self._layout.get(rank)
+        if plan is None:
+            plan = self._layout[rank] = RankPlan(
+                rank, tuple(plan_files(rank, list(self.items[rank]), self.max_file_bytes))
+            )
+        return plan
+
+    @property
+    def ranks(self) -> tuple[RankPlan, ...]:
+        return tuple(self.for_rank(r) for r in range(self.world_size))

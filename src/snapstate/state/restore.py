@@ -80,9 +80,8 @@ class _Walk:
     lookup: Lookup
     rank_local_trees: dict[str, Node] | None  # None: rank-local state is skipped
     plan: RestorePlan
-    templates: dict[str, torch.Tensor] = field(
-        default_factory=dict
-    )  # optimizer state path -> its parameter
+    # optimizer state path -> its parameter
+    templates: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def plan_restore(
@@ -201,9 +200,8 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
             )
         )
         return target
-    walk.templates.update(
-        optimizer_templates(target, path)
-    )  # lazily created state is placed like its parameter
+    # lazily created state is placed like its parameter
+    walk.templates.update(optimizer_templates(target, path))
     new_sd = _restore(target.state_dict(), node, path, walk, rebuild=True, rank_local=rank_local)
     walk.plan.finalizers.append(lambda: target.load_state_dict(_resolved(new_sd)))
     return target

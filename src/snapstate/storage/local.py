@@ -7,7 +7,7 @@ import shutil
 import sys
 from collections.abc import Callable
 
-from snapstate.storage.commit import write_atomic_local
+from snapstate.storage.atomic import write_atomic_local
 
 WRITEBACK_MIN_BYTES = 1 << 20  # smaller writes are left to the kernel's own writeback
 

@@ -2,7 +2,7 @@
 
 Run as a script; it reads one JSON job per line on stdin and answers one JSON line when every
 rank has exited or the job's timeout has passed (then the ranks left are SIGKILLed). A job is
-``{"world": N, "fn": "dist.scen_x:function", "args": {...}, "work": dir, "timeout": s}``; rank r
+``{"world": N, "fn": "collective.scen_x:function", "args": {...}, "work": dir, "timeout": s}``; rank r
 runs ``function(rank, world, args)`` after joining a gloo group on 127.0.0.1 (rank 0 hosts
 the store on a free port), and its return value (JSON) lands in ``work/result-<r>.json``.
 This process never runs a torch op itself, so forking it is safe.
@@ -24,9 +24,8 @@ import torch
 import torch.distributed as dist
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(
-    0, os.path.dirname(HERE)
-)  # tests/: scenarios import as dist.scen_*, as pytest imports them
+# tests/: scenarios import as collective.scen_*, as pytest imports them
+sys.path.insert(0, os.path.dirname(HERE))
 
 import torch._dynamo  # noqa: E402,F401 - creating an optimizer imports it: seconds per rank, paid once here
 import torch.distributed.fsdp  # noqa: E402,F401
@@ -36,7 +35,7 @@ import snapstate  # noqa: E402,F401
 
 for _name in sorted(os.listdir(HERE)):
     if _name.startswith("scen_") and _name.endswith(".py"):
-        importlib.import_module(f"dist.{_name[:-3]}")  # imported once here, before forking
+        importlib.import_module(f"collective.{_name[:-3]}")  # imported once here, before forking
 
 STORE_WAIT_S = 30.0
 

@@ -28,9 +28,8 @@ def _check_load(results: list[dict[str, Any]], layout: dict[str, list[str]]) -> 
         for mode in ("read_once=False", "read_once=True"):
             assert all(r[mode]["equal"].values()), (mode, r[mode]["equal"])
             assert r[mode]["bytes_read"] <= r["need"], (mode, r[mode]["bytes_read"], r["need"])
-        assert r["read_once=False"]["bytes_read"] >= r["local_bytes"] - 64 * len(
-            SPECS
-        )  # sanity: it did read its part
+        # sanity: it did read its part
+        assert r["read_once=False"]["bytes_read"] >= r["local_bytes"] - 64 * len(SPECS)
         assert r["read_once=False"]["bytes_read"] + 0 >= r["read_once=True"]["bytes_read"]
     assert sum(r["read_once=True"]["bytes_read"] for r in results) <= sum(
         r["read_once=False"]["bytes_read"] for r in results
@@ -44,9 +43,8 @@ def _check_plain(path: str) -> None:
     value = materialize(path)
     assert all(bitwise_equal(value["params"][k], full(k)) for k in SPECS)
     out = str(Path(path).parent / "export.safetensors")
-    result = CliRunner().invoke(
-        cli, ["export", path, "--to", "safetensors", out]
-    )  # consolidated to one file
+    # consolidated to one file
+    result = CliRunner().invoke(cli, ["export", path, "--to", "safetensors", out])
     assert result.exit_code == 0, result.output
     exported = load_file(out)
     assert all(bitwise_equal(exported[f"params/{k}"], full(k)) for k in SPECS)
@@ -66,12 +64,15 @@ def test_shard0_on_2_ranks_to_shard1_on_3_ranks_to_one_process(
     path = str(tmp_path / "ckpt")
     saved = {"a": ["S0"], "u": ["S0"], "r": ["R"], "c": ["S1"], "t": ["S0"]}
     ranks.run(
-        "dist.scen_dtensor:save", 2, {"path": path, "mesh": [2], "layout": saved}, tmp_path / "save"
+        "collective.scen_dtensor:save",
+        2,
+        {"path": path, "mesh": [2], "layout": saved},
+        tmp_path / "save",
     ).check()
     _check_saved(path, 2)
     loaded = {"a": ["S1"], "u": ["S0"], "r": ["S0"], "c": ["R"], "t": ["R"]}
     results = ranks.run(
-        "dist.scen_dtensor:load",
+        "collective.scen_dtensor:load",
         3,
         {"path": path, "mesh": [3], "layout": loaded},
         tmp_path / "load",
@@ -91,19 +92,18 @@ def test_2d_mesh_on_4_ranks_to_2_and_3_ranks(ranks: RankServer, tmp_path: Path) 
         "t": ["R", "R"],
     }
     results = ranks.run(
-        "dist.scen_dtensor:save",
+        "collective.scen_dtensor:save",
         4,
         {"path": path, "mesh": [2, 2], "layout": saved},
         tmp_path / "save",
     ).check()
     _check_saved(path, 4)
-    assert all(
-        r["replica_check_s"] > 0 for r in results
-    )  # replicas along a mesh dimension were compared
+    # replicas along a mesh dimension were compared
+    assert all(r["replica_check_s"] > 0 for r in results)
     on_2 = {"a": ["S1"], "u": ["R"], "r": ["S0"], "c": ["S0"], "t": ["S0"]}
     _check_load(
         ranks.run(
-            "dist.scen_dtensor:load",
+            "collective.scen_dtensor:load",
             2,
             {"path": path, "mesh": [2], "layout": on_2},
             tmp_path / "load2",
@@ -119,7 +119,7 @@ def test_2d_mesh_on_4_ranks_to_2_and_3_ranks(ranks: RankServer, tmp_path: Path) 
     }
     _check_load(
         ranks.run(
-            "dist.scen_dtensor:load",
+            "collective.scen_dtensor:load",
             4,
             {"path": path, "mesh": [2, 2], "layout": on_2x2},
             tmp_path / "load4",
@@ -133,12 +133,12 @@ def test_fsdp2_model_and_optimizer_2_ranks_to_3_ranks_to_one_process(
     ranks: RankServer, tmp_path: Path
 ) -> None:
     args = {"path": str(tmp_path / "ckpt"), "reference": str(tmp_path / "reference.safetensors")}
-    saved = ranks.run("dist.scen_fsdp:save", 2, args, tmp_path / "save").check()
+    saved = ranks.run("collective.scen_fsdp:save", 2, args, tmp_path / "save").check()
     manifest = ss.inspect(args["path"])
     shard_bytes = sum(r.nbytes for r in manifest.tensors.values() if r.placement == "shard")
     assert manifest.totals["tensor_bytes"] == saved[0]["state_bytes"]  # unique state, once
     assert shard_bytes > 0 and manifest.tensors["optim/state/0/exp_avg"].placement == "shard"
-    results = ranks.run("dist.scen_fsdp:load", 3, args, tmp_path / "load").check()
+    results = ranks.run("collective.scen_fsdp:load", 3, args, tmp_path / "load").check()
     for r in results:
         assert r["equal"] and r["optimizer_state_sharded"] and r["trains"]
         # its shards, widened to whole 64-byte checksum blocks at each end of each chunk read

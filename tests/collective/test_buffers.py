@@ -18,7 +18,7 @@ pytestmark = pytest.mark.dist
 
 def test_batchnorm_buffers_saved_from_rank0(ranks: RankServer, tmp_path: Path) -> None:
     args = {"path": str(tmp_path / "ckpt")}
-    results = ranks.run("dist.scen_buffers:save", 2, args, tmp_path / "run").check()
+    results = ranks.run("collective.scen_buffers:save", 2, args, tmp_path / "run").check()
     assert results[0]["running_mean"] != results[1]["running_mean"]  # the replicas really differ
     assert results[0]["weight"] == results[1]["weight"]  # parameters are still true replicas
     state = materialize(args["path"])

@@ -126,7 +126,7 @@ def default_coordinator(process_group: Any = None) -> Coordinator:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            from snapstate.dist.torch_dist import TorchDistCoordinator
+            from snapstate.collective.torch_dist import TorchDistCoordinator
 
             return TorchDistCoordinator.for_group(process_group)
     except ImportError:

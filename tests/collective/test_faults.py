@@ -22,15 +22,14 @@ def test_sigkill_during_persist(ranks: RankServer, tmp_path: Path, victim: int) 
     root = tmp_path / "root"
     args = {"root": str(root), "timeout": TIMEOUT, "victim": victim}
     job = ranks.run(
-        "dist.scen_faults:kill_during_persist", 3, args, tmp_path / "killed", timeout=60
+        "collective.scen_faults:kill_during_persist", 3, args, tmp_path / "killed", timeout=60
     )
     assert job.codes[victim] == -9 and not job.timed_out, job.describe()
     survivors = [r for i, r in enumerate(job.results) if i != victim]
     assert all(c == 0 for i, c in enumerate(job.codes) if i != victim), job.describe()
     for r in survivors:
-        assert r["timeout_error"], (
-            r
-        )  # CheckpointTimeoutError (StoreLostError when the store's host died)
+        # CheckpointTimeoutError (StoreLostError when the store's host died)
+        assert r["timeout_error"], r
         assert r["seconds"] < TIMEOUT + 10
         if victim != 0:
             assert f"rank {victim} did not arrive" in r["message"]
@@ -41,7 +40,7 @@ def test_sigkill_during_persist(ranks: RankServer, tmp_path: Path, victim: int) 
         k: digest(v) for k, v in values(1).items()
     }
     assert state["step"] == 1
-    resumed = ranks.run("dist.scen_faults:resume", 3, args, tmp_path / "resumed").check()
+    resumed = ranks.run("collective.scen_faults:resume", 3, args, tmp_path / "resumed").check()
     for r in resumed:
         assert r["step"] == 1 and r["restored"] == r["expected"]
         assert r["steps"] == [1, 2]
@@ -50,7 +49,9 @@ def test_sigkill_during_persist(ranks: RankServer, tmp_path: Path, victim: int) 
 
 def test_rank_dead_before_the_save(ranks: RankServer, tmp_path: Path) -> None:
     args = {"path": str(tmp_path / "ckpt"), "timeout": TIMEOUT}
-    job = ranks.run("dist.scen_faults:dead_before_save", 3, args, tmp_path / "job", timeout=60)
+    job = ranks.run(
+        "collective.scen_faults:dead_before_save", 3, args, tmp_path / "job", timeout=60
+    )
     assert job.codes[1] == -9 and not job.timed_out, job.describe()
     for r in (job.results[0], job.results[2]):
         assert r["timeout_error"] and r["seconds"] < TIMEOUT + 30, r
@@ -60,7 +61,9 @@ def test_rank_dead_before_the_save(ranks: RankServer, tmp_path: Path) -> None:
 @pytest.mark.parametrize("world", [2, 3])
 def test_perturbed_replica_is_caught(ranks: RankServer, tmp_path: Path, world: int) -> None:
     args = {"path": str(tmp_path / "ckpt"), "odd": 1}
-    results = ranks.run("dist.scen_faults:perturbed_replica", world, args, tmp_path / "job").check()
+    results = ranks.run(
+        "collective.scen_faults:perturbed_replica", world, args, tmp_path / "job"
+    ).check()
     for r in results:
         message = r["error"]
         assert message is not None and "'model/w'" in message, r

@@ -21,7 +21,7 @@ pytestmark = pytest.mark.dist
 def saved(ranks: RankServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     work = tmp_path_factory.mktemp("ddp")
     args = {"path": str(work / "ckpt"), "reference": str(work / "reference.safetensors")}
-    results = ranks.run("dist.scen_ddp:save", 2, args, work / "save").check()
+    results = ranks.run("collective.scen_ddp:save", 2, args, work / "save").check()
     return {"args": args, "results": results, "work": work}
 
 
@@ -37,9 +37,8 @@ def test_written_once_in_total_and_split_evenly(saved: dict[str, Any]) -> None:
     assert per_rank == [r["bytes_written"] for r in results]
     total = sum(per_rank)
     chunk = 32 << 10
-    assert max(per_rank) <= total / 2 + chunk + 4096, (
-        per_rank
-    )  # total/N plus at most one chunk (and a header)
+    # total/N plus at most one chunk (and a header)
+    assert max(per_rank) <= total / 2 + chunk + 4096, per_rank
     assert all(len(rec.chunks) >= 1 for rec in manifest.tensors.values())
     assert any(len(rec.chunks) > 1 for rec in manifest.tensors.values())  # large tensors were split
     assert ss.verify(saved["args"]["path"]).ok
@@ -65,7 +64,9 @@ def test_plan_is_cached_while_the_structure_is_unchanged(saved: dict[str, Any]) 
 
 
 def test_loads_on_three_ranks(ranks: RankServer, saved: dict[str, Any]) -> None:
-    results = ranks.run("dist.scen_ddp:load", 3, saved["args"], saved["work"] / "load3").check()
+    results = ranks.run(
+        "collective.scen_ddp:load", 3, saved["args"], saved["work"] / "load3"
+    ).check()
     state = saved["results"][0]["state_bytes"]
     for r in results:
         assert "saved on 2 ranks, loading on 3" in r["rank_local_error"]
@@ -99,7 +100,7 @@ def test_loads_in_one_process(saved: dict[str, Any]) -> None:
 
 def test_no_collective_runs_in_the_background(ranks: RankServer, tmp_path: Path) -> None:
     results = ranks.run(
-        "dist.scen_ddp:background_is_collective_free",
+        "collective.scen_ddp:background_is_collective_free",
         2,
         {"path": str(tmp_path / "a")},
         tmp_path / "job",
@@ -111,7 +112,7 @@ def test_no_collective_runs_in_the_background(ranks: RankServer, tmp_path: Path)
 
 def test_process_groups(ranks: RankServer, tmp_path: Path) -> None:
     results = ranks.run(
-        "dist.scen_ddp:subgroups", 4, {"path": str(tmp_path / "ckpt")}, tmp_path / "job"
+        "collective.scen_ddp:subgroups", 4, {"path": str(tmp_path / "ckpt")}, tmp_path / "job"
     ).check()
     assert [(r["world"], r["rank"]) for r in results] == [(2, 0), (2, 1), (2, 0), (2, 1)]
     assert all(r["same"] and r["received"] > 0 for r in results)

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from snapstate.dist.coordinator import Coordinator, gather_or_raise
+from snapstate.collective.coordinator import Coordinator, gather_or_raise
 from snapstate.engine.load import ReadTask, _read, _select, _verify
 from snapstate.engine.staging import bits_view, byte_view
 from snapstate.format.dtypes import dtype_from_name

@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from snapstate.dist.coordinator import Coordinator, KeysTimeoutError
+from snapstate.collective.coordinator import Coordinator, KeysTimeoutError
 from snapstate.errors import CheckpointError, CheckpointTimeoutError, ReplicaMismatchError
 
 OK = "ok"

@@ -11,7 +11,7 @@ from typing import Any
 
 import xxhash
 
-from snapstate.dist.coordinator import Coordinator, gather_or_raise
+from snapstate.collective.coordinator import Coordinator, gather_or_raise
 from snapstate.planning.cache import (
     CacheEntry,
     Decision,
@@ -21,8 +21,8 @@ from snapstate.planning.cache import (
     decide,
     metas_digest,
 )
-from snapstate.planning.items import ItemMeta, SavePlan
-from snapstate.planning.layout import PlanOptions, plan_save
+from snapstate.planning.items import ItemMeta
+from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
 from snapstate.planning.replicas import ReplicaGroup, replica_groups
 from snapstate.state.flatten import FlatState
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from snapstate.dist.coordinator import KeysTimeoutError
+from snapstate.collective.coordinator import KeysTimeoutError
 from snapstate.errors import CheckpointTimeoutError
 
 PREFIX = "snapstate"
@@ -69,7 +69,10 @@ class TorchDistCoordinator:
         out: list[Any] = [None] * self.world_size
         try:
             dist.all_gather_object(out, obj, group=self.group)
-        except (dist.DistError, RuntimeError) as exc:  # gloo: "Connection closed by peer" when a rank died
+        except (
+            dist.DistError,
+            RuntimeError,
+        ) as exc:  # gloo: "Connection closed by peer" when a rank died
             raise CheckpointTimeoutError(
                 f"the other ranks did not all take part in the collective ({exc}); a rank may have died"
             ) from exc

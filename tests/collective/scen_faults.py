@@ -76,9 +76,8 @@ def resume(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
 
 def perturbed_replica(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     state = {"model": values(1), "note": "replicas"}
-    first = ss.save(
-        state, args["path"] + "-before"
-    )  # also caches the plan: the check must still run
+    # also caches the plan: the check must still run
+    first = ss.save(state, args["path"] + "-before")
     if rank == args["odd"]:
         state["model"]["w"][17, 3] += 1e-3  # a replica that silently diverged
     out: dict[str, Any] = {"cached": None, "error": None}

@@ -18,9 +18,8 @@ from .common import bitwise_equal, flat_tensors
 
 def model_and_optimizer(world: int | None) -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3)
-    )  # 7 and 3 rows: uneven shards
+    # 7 and 3 rows: uneven shards
+    model = nn.Sequential(nn.Linear(5, 7), nn.ReLU(), nn.Linear(7, 3))
     if world is not None:
         mesh = init_device_mesh("cpu", (world,))
         for layer in model:

@@ -57,9 +57,8 @@ def train(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     mgr = ss.CheckpointManager(args["root"], async_save=True, timeout=60)
     resumed = args.get("resume", False)
     if resumed:
-        skip = args.get(
-            "skip"
-        )  # a negative control: leave this part of the state out of the restore
+        # a negative control: leave this part of the state out of the restore
+        skip = args.get("skip")
         target = {k: v for k, v in state.items() if k != skip}
         assert mgr.restore(target) == args["save_at"]
         state.update({k: target[k] for k in ("step", "epoch")})
@@ -109,9 +108,8 @@ def elastic(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
         seen.extend(batch.tolist())
         if i + 1 == args.get("save_after"):
             ss.save({"sampler": sampler}, path)
-            (Path(args["out"]) / f"seen-{rank}.json").write_text(
-                json.dumps(seen)
-            )  # what the checkpoint covers
+            # what the checkpoint covers
+            (Path(args["out"]) / f"seen-{rank}.json").write_text(json.dumps(seen))
         if i + 1 == args.get("kill_after"):
             os.kill(os.getpid(), signal.SIGKILL)
     return {"seen": seen, "state": sampler.state_dict()}

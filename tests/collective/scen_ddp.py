@@ -47,9 +47,8 @@ def save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     rng_at_save = torch.get_rng_state().clone()
     first = ss.save(state, args["path"], options=OPTIONS)
     again = ss.save(state, args["path"] + "-again", options=OPTIONS)
-    state["extra"] = (
-        ss.RankLocal({"only": torch.full((3,), float(rank))}) if rank == 1 else 0
-    )  # structure differs on one rank
+    # structure differs on one rank
+    state["extra"] = ss.RankLocal({"only": torch.full((3,), float(rank))}) if rank == 1 else 0
     third = ss.save(state, args["path"] + "-third", options=OPTIONS)
     del state["extra"]
     tensors = live_tensors(model, opt)
