@@ -1,4 +1,4 @@
-"""Helpers shared by the rank-side scenarios and the tests: deterministic values, digests."""
+"""Helpers of the rank-side scenarios and the tests: deterministic values, digests, key paths."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import math
 from typing import Any
 
 import torch
-
-_BITS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
 def pattern(shape: tuple[int, ...], salt: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
@@ -21,17 +19,6 @@ def pattern(shape: tuple[int, ...], salt: int, dtype: torch.dtype = torch.float3
 def digest(t: torch.Tensor) -> str:
     t = t.detach().cpu().contiguous()
     return hashlib.sha256(t.reshape(-1).view(torch.uint8).numpy().tobytes()).hexdigest()[:24]
-
-
-def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    a, b = a.detach().cpu().contiguous(), b.detach().cpu().contiguous()
-    return bool(
-        torch.equal(
-            a.reshape(-1).view(_BITS[a.element_size()]), b.reshape(-1).view(_BITS[b.element_size()])
-        )
-    )
 
 
 def flat_tensors(tree: Any, prefix: str = "") -> dict[str, torch.Tensor]:

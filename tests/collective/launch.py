@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import select
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from support.procs import LineServer
 
 SERVER = str(Path(__file__).with_name("rankserver.py"))
 
@@ -34,19 +33,11 @@ class JobResult:
         return "\n".join(parts)
 
 
-class RankServer:
+class RankServer(LineServer):
     """One server per test session: torch is imported once, ranks are forked from it."""
 
     def __init__(self) -> None:
-        env = dict(os.environ, OMP_NUM_THREADS="1")
-        self.proc = subprocess.Popen(
-            [sys.executable, SERVER],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-            env=env,
-        )
+        super().__init__(SERVER, env=dict(os.environ, OMP_NUM_THREADS="1"))
 
     def run(
         self, fn: str, world: int, args: dict[str, Any], work: Path, timeout: float = 90.0
@@ -56,15 +47,7 @@ class RankServer:
         for stale in [*work.glob("result-*.json"), *work.glob("rank*.log"), work / "store-port"]:
             stale.unlink(missing_ok=True)
         job = {"fn": fn, "world": world, "args": args, "work": str(work), "timeout": timeout}
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(job) + "\n")
-        self.proc.stdin.flush()
-        ready, _, _ = select.select([self.proc.stdout], [], [], timeout + 30)
-        line = self.proc.stdout.readline() if ready else ""
-        if not line:
-            self.close()
-            raise AssertionError(f"rank server gave no answer for {fn} (exit {self.proc.poll()})")
-        reply = json.loads(line)
+        reply = self.ask(job, timeout=timeout + 30)
         n = max(world, 1)
         return JobResult(
             reply["codes"],
@@ -72,16 +55,6 @@ class RankServer:
             [_read_text(work / f"rank{r}.log") for r in range(n)],
             reply["timed_out"],
         )
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            assert self.proc.stdin is not None
-            self.proc.stdin.close()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 def _read_json(path: Path) -> Any:

@@ -11,8 +11,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import snapstate as ss
+from support.bits import same_bits
 
-from .common import bitwise_equal, flat_tensors
+from .common import flat_tensors
 
 CHUNK_BYTES = 32 << 10
 OPTIONS = ss.SaveOptions(plan=ss.PlanOptions(chunk_bytes=CHUNK_BYTES), block_bytes=4096)
@@ -71,7 +72,7 @@ def save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
         ],
         "replica_check_s": first.timings["replica_check_s"],
         "same_after_load": sorted(fresh) == sorted(tensors)
-        and all(bitwise_equal(fresh[k], tensors[k]) for k in tensors),
+        and all(same_bits(fresh[k], tensors[k]) for k in tensors),
         "rng_restored": bool(torch.equal(torch.get_rng_state(), rng_at_save)),
         "bytes_read": loaded.bytes_read,
         "bytes_received": loaded.bytes_received,
@@ -98,7 +99,7 @@ def load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
         got = live_tensors(model, opt)
         out[f"read_once={read_once}"] = {
             "equal": sorted(got) == sorted(reference)
-            and all(bitwise_equal(got[k], reference[k]) for k in reference),
+            and all(same_bits(got[k], reference[k]) for k in reference),
             "bytes_read": result.bytes_read,
             "bytes_received": result.bytes_received,
         }
@@ -161,8 +162,7 @@ def subgroups(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     fresh = build()[0]
     loaded = ss.load({"model": fresh}, path, process_group=mine)
     same = all(
-        bitwise_equal(a, b)
-        for a, b in zip(fresh.state_dict().values(), model.state_dict().values())
+        same_bits(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values())
     )
     dist.barrier()  # rank 0 hosts the store the other group still uses: it stays until both are done
     return {

@@ -12,8 +12,9 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tenso
 
 import snapstate as ss
 from snapstate.state.dtensor import local_box
+from support.bits import same_bits
 
-from .common import bitwise_equal, pattern
+from .common import pattern
 
 BLOCK = 64  # tiny checksum blocks: reads of a few rows stay a few rows
 SPECS: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
@@ -65,9 +66,7 @@ def load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
         result = ss.load({"params": params}, args["path"], read_once=read_once)
         expected = make(args["mesh"], args["layout"], values=True)
         out[f"read_once={read_once}"] = {
-            "equal": {
-                k: bitwise_equal(params[k].to_local(), expected[k].to_local()) for k in params
-            },
+            "equal": {k: same_bits(params[k].to_local(), expected[k].to_local()) for k in params},
             "placements": {k: [str(p) for p in params[k].placements] for k in params},
             "bytes_read": result.bytes_read,
             "bytes_received": result.bytes_received,

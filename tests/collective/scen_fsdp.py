@@ -12,8 +12,9 @@ from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
 
 import snapstate as ss
+from support.bits import same_bits
 
-from .common import bitwise_equal, flat_tensors
+from .common import flat_tensors
 
 
 def model_and_optimizer(world: int | None) -> tuple[nn.Module, torch.optim.Optimizer]:
@@ -68,7 +69,7 @@ def load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     need = sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in local)
     got, reference = full_state(model, opt), load_file(args["reference"])
     equal = sorted(got) == sorted(reference) and all(
-        bitwise_equal(got[k], reference[k]) for k in reference
+        same_bits(got[k], reference[k]) for k in reference
     )
     exp_avg = opt.state_dict()["state"][0]["exp_avg"]
     weight = model.state_dict()["0.weight"]
@@ -79,7 +80,7 @@ def load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
         "optimizer_state_sharded": isinstance(exp_avg, DTensor)
         and exp_avg.placements == weight.placements
         and exp_avg.to_local().shape == weight.to_local().shape,
-        "trains": not bitwise_equal(model.state_dict()["0.weight"].full_tensor(), before),
+        "trains": not same_bits(model.state_dict()["0.weight"].full_tensor(), before),
         "bytes_read": result.bytes_read,
         "need": need,  # the bytes of this rank's shards (and of the replicated step counters)
         "tensors": len(local),

@@ -13,8 +13,8 @@ from safetensors.torch import load_file
 import snapstate as ss
 from snapstate.cli import main as cli
 from snapstate.export import materialize
+from support.bits import same_bits
 
-from .common import bitwise_equal
 from .launch import RankServer
 from .scen_dtensor import SPECS, full
 
@@ -39,15 +39,15 @@ def _check_load(results: list[dict[str, Any]], layout: dict[str, list[str]]) -> 
 def _check_plain(path: str) -> None:
     state = {"params": {k: torch.zeros(SPECS[k][0], dtype=SPECS[k][1]) for k in SPECS}}
     ss.load(state, path)
-    assert all(bitwise_equal(state["params"][k], full(k)) for k in SPECS)
+    assert all(same_bits(state["params"][k], full(k)) for k in SPECS)
     value = materialize(path)
-    assert all(bitwise_equal(value["params"][k], full(k)) for k in SPECS)
+    assert all(same_bits(value["params"][k], full(k)) for k in SPECS)
     out = str(Path(path).parent / "export.safetensors")
     # consolidated to one file
     result = CliRunner().invoke(cli, ["export", path, "--to", "safetensors", out])
     assert result.exit_code == 0, result.output
     exported = load_file(out)
-    assert all(bitwise_equal(exported[f"params/{k}"], full(k)) for k in SPECS)
+    assert all(same_bits(exported[f"params/{k}"], full(k)) for k in SPECS)
 
 
 def _check_saved(path: str, world: int) -> None:
@@ -149,7 +149,5 @@ def test_fsdp2_model_and_optimizer_2_ranks_to_3_ranks_to_one_process(
     model, opt = model_and_optimizer(None)
     ss.load({"model": model, "optim": opt}, args["path"])
     reference = load_file(args["reference"])
-    assert bitwise_equal(model.state_dict()["0.weight"], reference["model/0.weight"])
-    assert bitwise_equal(
-        opt.state_dict()["state"][3]["exp_avg_sq"], reference["optim/3/exp_avg_sq"]
-    )
+    assert same_bits(model.state_dict()["0.weight"], reference["model/0.weight"])
+    assert same_bits(opt.state_dict()["state"][3]["exp_avg_sq"], reference["optim/3/exp_avg_sq"])

@@ -9,9 +9,10 @@ import torch
 
 import snapstate as ss
 from snapstate.format.manifest import MANIFEST
+from support.states import assert_same_state, tensors_of, training_state
+from support.storages import CountingStorage, Fault, FaultyStorage
 
 from .conftest import Backend
-from .helpers import CountingStorage, FaultyStorage, assert_same_state, tensors_of, training_state
 
 
 def test_save_load_round_trip_is_bitwise(backend: Backend) -> None:
@@ -109,7 +110,9 @@ def test_uncommitted_checkpoint_is_invisible(backend: Backend) -> None:
 def test_torn_save_commits_nothing(backend: Backend) -> None:
     state = training_state(width=64)
     with pytest.raises(OSError, match="injected"):
-        ss.save(state, FaultyStorage(backend.storage("ckpt"), fail_after=4096))
+        ss.save(
+            state, FaultyStorage(backend.storage("ckpt"), Fault("write_data", after_bytes=4096))
+        )
     storage = backend.storage("ckpt")
     assert not storage.exists(MANIFEST)
     with pytest.raises(ss.CheckpointNotFoundError):

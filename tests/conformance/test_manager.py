@@ -13,9 +13,9 @@ import pytest
 import snapstate as ss
 from snapstate.format.manifest import MANIFEST
 from snapstate.lock import LOCK_FILE
+from support.states import assert_same_state, training_state
 
 from .conftest import Backend
-from .helpers import assert_same_state, training_state
 
 
 def test_save_restore_retention_and_steps(backend: Backend) -> None:

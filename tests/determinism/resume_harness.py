@@ -1,7 +1,8 @@
 """Run the trainer uninterrupted, SIGKILLed mid-epoch, and resumed; compare the runs bit for bit.
 
 Reusable outside the tests: ``kill_and_resume(work, spec)`` returns the three runs, and
-``loss_mismatches`` / ``state_mismatches`` say where two runs differ (empty lists: identical).
+``loss_mismatches`` and ``support.bits.tree_differences`` say where two runs differ (empty
+lists: identical).
 """
 
 from __future__ import annotations
@@ -11,12 +12,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from support.procs import reap_group, wait_for
 
 TRAINER = Path(__file__).with_name("trainer.py")
 LOSSES, FINAL, READY = "losses.txt", "final.pt", "ready"
@@ -110,7 +112,7 @@ def train(
     try:
         code = proc.wait(timeout)
     finally:
-        _reap_group(proc)
+        reap_group(proc)
     if code != 0:
         raise RuntimeError(
             f"trainer exited with {code}: {(out / 'stderr.txt').read_text()[-3000:]}"
@@ -124,31 +126,24 @@ def train_and_kill(
     """Run the trainer until it reports step ``kill_at`` with a committed checkpoint, then SIGKILL it."""
     proc = _start(spec, root, out, ["--kill-at", str(spec.kill_at)])
     ready = out / READY
-    deadline = time.monotonic() + timeout
     try:
-        while not ready.exists():
-            if proc.poll() is not None:
-                raise RuntimeError(
-                    f"trainer ended before the kill: {(out / 'stderr.txt').read_text()[-3000:]}"
-                )
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"trainer did not reach step {spec.kill_at} within {timeout}s")
-            time.sleep(0.02)
+        wait_for(
+            lambda: ready.exists() or proc.poll() is not None,
+            timeout,
+            f"the trainer to reach step {spec.kill_at}",
+            poll_s=0.02,
+        )
+        if not ready.exists():
+            raise RuntimeError(
+                f"trainer ended before the kill: {(out / 'stderr.txt').read_text()[-3000:]}"
+            )
         os.kill(proc.pid, signal.SIGKILL)
         code = proc.wait(30)
     finally:
-        _reap_group(proc)
+        reap_group(proc)
     if code != -signal.SIGKILL:
         raise RuntimeError(f"trainer was not killed by SIGKILL (exit {code})")
     return Run(out, root).reload(), int(ready.read_text())
-
-
-def _reap_group(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    proc.wait()
 
 
 def kill_and_resume(work: Path, spec: Spec) -> KillResume:
@@ -178,33 +173,3 @@ def stitched(killed: Run, resumed: Run, checkpoint_step: int) -> dict[int, str]:
 def loss_mismatches(want: dict[int, str], got: dict[int, str]) -> list[str]:
     steps = sorted(set(want) | set(got))
     return [f"step {s}: {want.get(s)} != {got.get(s)}" for s in steps if want.get(s) != got.get(s)]
-
-
-def state_mismatches(a: Any, b: Any, path: str = "") -> list[str]:
-    """Every place two nested states differ; tensors compare bit for bit (-0.0 != 0.0)."""
-    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return [] if _same_bits(a, b) else [f"{path}: tensors differ"]
-    if isinstance(a, dict) and isinstance(b, dict):
-        if a.keys() != b.keys():
-            return [f"{path}: keys {sorted(map(str, a))} != {sorted(map(str, b))}"]
-        return [m for k in a for m in state_mismatches(a[k], b[k], f"{path}/{k}")]
-    if (
-        isinstance(a, (list, tuple))
-        and isinstance(b, (list, tuple))
-        and type(a) is type(b)
-        and len(a) == len(b)
-    ):
-        return [
-            m for i, (x, y) in enumerate(zip(a, b)) for m in state_mismatches(x, y, f"{path}/{i}")
-        ]
-    return [] if type(a) is type(b) and a == b else [f"{path}: {a!r} != {b!r}"]
-
-
-def _same_bits(a: Any, b: Any) -> bool:
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)):
-        return False
-    if a.dtype != b.dtype or a.shape != b.shape:
-        return False
-    if a.is_floating_point() or a.is_complex():  # compare bit patterns, not values
-        return bool(torch.equal(a.reshape(-1).view(torch.uint8), b.reshape(-1).view(torch.uint8)))
-    return bool(torch.equal(a, b))

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from support.bits import tree_differences
+
 from .resume_harness import (
     KillResume,
     Spec,
     kill_and_resume,
     loss_mismatches,
     resume_copy,
-    state_mismatches,
     stitched,
 )
 
@@ -58,7 +59,7 @@ def test_final_parameters_and_optimizer_state_are_bitwise_identical(runs: KillRe
     assert a["step"] == b["step"] == SPEC.steps
     assert a["optim"]["state"], "Adam state must exist to be compared"
     for part in ("model", "optim", "sched", "rng"):
-        assert state_mismatches(a[part], b[part], part) == []
+        assert tree_differences(a[part], b[part], part) == []
 
 
 @pytest.mark.parametrize("skip", ["rng", "loader"])
@@ -75,7 +76,7 @@ def test_resume_without_part_of_the_state_diverges(
     after = loss_mismatches({s: want[s] for s in range(16, SPEC.steps + 1)}, partial.losses)
     assert len(after) >= 10, f"resume without {skip} should diverge from step 16 on: {after}"
     a, b = runs.reference.final(), partial.final()
-    assert state_mismatches(a["model"], b["model"], "model") != []
+    assert tree_differences(a["model"], b["model"], "model") != []
 
 
 def test_shared_generator_without_epoch_reseed_diverges_at_the_next_epoch(tmp_path: Path) -> None:

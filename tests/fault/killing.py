@@ -2,13 +2,8 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,59 +13,28 @@ from click.testing import CliRunner
 import snapstate as ss
 from snapstate.cli import main as cli_main
 from snapstate.manager import STEP_DIR
+from support.procs import LineServer
 
 from .saver_child import blank_state, make_state, state_differences
 
 CHILD = str(Path(__file__).with_name("saver_child.py"))
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(0.005)
-
-
-class ForkServer:
+class ForkServer(LineServer):
     """A saver process that imported torch once and forks one child per run."""
 
     def __init__(self) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, CHILD, "serve"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            bufsize=1,
-        )
-
-    def _ask(self, cmd: dict[str, Any]) -> dict[str, Any]:
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        self.proc.stdin.write(json.dumps(cmd) + "\n")
-        self.proc.stdin.flush()
-        line = self.proc.stdout.readline()
-        if not line:
-            raise RuntimeError(f"fork server died (exit {self.proc.poll()})")
-        return json.loads(line)
+        super().__init__(CHILD, "serve")
 
     def start(self, run: dict[str, Any]) -> int:
-        return int(self._ask({"run": run})["pid"])
+        return int(self.ask({"run": run})["pid"])
 
     def kill(self, pid: int) -> int:
         """SIGKILL the child and reap it: once this returns, the process is gone."""
-        return int(self._ask({"kill": pid})["status"])
+        return int(self.ask({"kill": pid})["status"])
 
     def wait(self, pid: int) -> int:
-        return int(self._ask({"wait": pid})["status"])
-
-    def close(self) -> None:
-        if self.proc.stdin:
-            self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        return int(self.ask({"wait": pid})["status"])
 
 
 @dataclass

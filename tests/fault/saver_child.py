@@ -22,6 +22,12 @@ from typing import Any
 import numpy as np
 import torch
 
+# Run as a script, this file finds the shared support where the tests do: tests/ on the path.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+from support.bits import same_bits  # noqa: E402
+
 STEP_RE = re.compile(r"step-(\d{9,})")
 # key -> (shape, dtype); about 25 MiB in all, several dtypes, one non-contiguous tensor.
 SPECS: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
@@ -80,17 +86,13 @@ def state_differences(got: dict[str, Any], want: dict[str, Any]) -> list[str]:
     bad = []
     for key in SPECS:
         a, b = got["model"][key], want["model"][key]
-        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(_raw(a), _raw(b)):
+        if not same_bits(a, b):
             bad.append(f"model/{key}")
     if got["np"].tobytes() != want["np"].tobytes():
         bad.append("np")
     if got["meta"] != want["meta"]:
         bad.append("meta")
     return bad
-
-
-def _raw(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view(-1).view(torch.uint8)
 
 
 # -- pausing at a phase --------------------------------------------------------------------------

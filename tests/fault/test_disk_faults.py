@@ -19,8 +19,7 @@ import torch
 import snapstate as ss
 import snapstate.api as api
 from snapstate.storage.base import storage_for
-
-from .faulty import PHASES, Fault, FaultyStorage
+from support.storages import PHASES, Fault, FaultyStorage
 
 OPTIONS = ss.SaveOptions(piece_bytes=256 << 10, block_bytes=128 << 10)
 

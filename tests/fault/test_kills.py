@@ -19,7 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from .killing import CHILD, ForkServer, Run, check_root, prune, recover, wait_for
+from support.procs import wait_for
+
+from .killing import CHILD, ForkServer, Run, check_root, prune, recover
 from .saver_child import PHASES
 
 SIGNAL_TIMEOUT = 60.0

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import snapstate as ss
-from conformance.helpers import Delegating
 from snapstate.storage.base import FileWriter, Storage
 from snapstate.storage.local import LocalStorage
+from support.storages import Delegating
 
 
 class _RecordingWriter:

@@ -12,12 +12,13 @@ import pytest
 import torch
 
 import snapstate as ss
-from conformance.helpers import CountingStorage, Delegating, assert_same_state, training_state
 from conformance.s3 import BUCKET, S3Server
 from snapstate.format.manifest import MANIFEST
 from snapstate.storage.base import FileWriter, Storage
 from snapstate.storage.local import LocalStorage
 from snapstate.storage.tiers import TieredStorage
+from support.states import assert_same_state, training_state
+from support.storages import CountingStorage, Delegating
 
 
 class _LoggedWriter:

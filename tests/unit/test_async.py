@@ -19,8 +19,8 @@ import snapstate as ss
 from snapstate.engine import staging
 from snapstate.format.dtypes import DTYPES
 from snapstate.storage.local import LocalFileWriter
-
-from .helpers import assert_bitwise_equal, random_tensor, zeros_like_layout
+from support.bits import assert_bitwise_equal, assert_tree_equal
+from support.tensors import random_tensor, zeros_like_layout
 
 MiB = 1 << 20
 
@@ -91,14 +91,6 @@ def load_fresh(path: Path, like: dict) -> dict:
     return fresh
 
 
-def assert_state_equal(got: dict, expected: dict) -> None:
-    for key, value in expected.items():
-        if isinstance(value, torch.Tensor):
-            assert_bitwise_equal(got[key].detach(), value)
-        else:
-            assert got[key].tobytes() == value.tobytes(), key
-
-
 def test_checkpoint_holds_values_of_the_moment_of_the_call(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -113,7 +105,7 @@ def test_checkpoint_holds_values_of_the_moment_of_the_call(
     gate.open()
     result = handle.wait()
     assert handle.done() and result.blocking_s <= result.total_s
-    assert_state_equal(load_fresh(tmp_path / "c", expected), expected)
+    assert_tree_equal(load_fresh(tmp_path / "c", expected), expected)
 
 
 def test_blocking_save_after_async_save_waits(
@@ -244,8 +236,8 @@ def test_small_pool_streams_a_large_state_within_its_budget(
     assert CountingSlab.created == 8, "the second save allocated new slabs"
     assert pool.peak_bytes == pool.allocated_bytes == 8 * MiB
 
-    assert_state_equal(load_fresh(tmp_path / "a", expected), expected)
-    assert_state_equal(load_fresh(tmp_path / "b", expected), snapshot(state))
+    assert_tree_equal(load_fresh(tmp_path / "a", expected), expected)
+    assert_tree_equal(load_fresh(tmp_path / "b", expected), snapshot(state))
 
 
 def test_default_pool_is_reused_between_async_saves(tmp_path: Path) -> None:
@@ -316,4 +308,4 @@ def test_rows_larger_than_the_budget_are_streamed_too(tmp_path: Path) -> None:
     expected = snapshot(state)
     ss.async_save(state, tmp_path / "c", pool=pool).wait()
     assert pool.peak_bytes <= 2 * MiB
-    assert_state_equal(load_fresh(tmp_path / "c", expected), expected)
+    assert_tree_equal(load_fresh(tmp_path / "c", expected), expected)

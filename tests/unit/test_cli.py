@@ -12,12 +12,11 @@ import pytest
 import torch
 from click.testing import CliRunner
 from safetensors import safe_open
-from torch import nn
 
 import snapstate as ss
 from snapstate.cli import main
-
-from .helpers import assert_bitwise_equal
+from support.bits import assert_bitwise_equal
+from support.states import trained
 
 
 def run(*args: str) -> tuple[int, str]:
@@ -26,11 +25,7 @@ def run(*args: str) -> tuple[int, str]:
 
 
 def training_state() -> dict:
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 8), nn.Linear(8, 2))
-    opt = torch.optim.Adam(model.parameters())
-    model(torch.randn(3, 4)).sum().backward()
-    opt.step()
+    model, opt = trained((4, 8, 2), batch=3)
     return {
         "model": model,
         "optim": opt,

@@ -14,8 +14,8 @@ import torch
 
 import snapstate as ss
 from snapstate.engine import staging
-
-from .helpers import assert_bitwise_equal, random_tensor
+from support.bits import assert_bitwise_equal
+from support.tensors import random_tensor
 
 MiB = 1 << 20
 

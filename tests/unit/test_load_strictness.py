@@ -10,8 +10,7 @@ import torch
 from torch import nn
 
 import snapstate as ss
-
-from .helpers import assert_bitwise_equal
+from support.bits import assert_bitwise_equal
 
 
 def saved(tmp_path: Path) -> tuple[Path, dict]:

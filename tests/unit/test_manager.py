@@ -19,8 +19,7 @@ import torch
 import snapstate as ss
 from snapstate.lock import LOCK_FILE
 from snapstate.storage.local import LocalFileWriter
-
-from .helpers import assert_bitwise_equal
+from support.bits import assert_bitwise_equal
 
 
 def state_at(step: int) -> dict:

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 import snapstate as ss
-
-from .helpers import assert_bitwise_equal, assert_tree_equal
+from support.bits import assert_bitwise_equal, assert_tree_equal
 
 
 def nested_state() -> dict:

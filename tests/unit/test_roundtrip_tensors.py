@@ -11,8 +11,8 @@ import torch
 
 import snapstate as ss
 from snapstate.format.dtypes import DTYPES
-
-from .helpers import assert_bitwise_equal, assert_tree_equal, random_tensor, zeros_like_layout
+from support.bits import assert_bitwise_equal, assert_tree_equal
+from support.tensors import random_tensor, zeros_like_layout
 
 ALL_DTYPES = sorted(DTYPES)
 NUMPY_DTYPES = [

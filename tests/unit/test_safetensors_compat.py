@@ -12,19 +12,14 @@ from safetensors.torch import load_file
 
 import snapstate as ss
 from snapstate.format.dtypes import DTYPES, SAFETENSORS
-
-from .helpers import assert_bitwise_equal, bits, random_tensor
+from support.bits import assert_bitwise_equal, raw_bytes
+from support.tensors import random_tensor
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 
 
 def chunk_of(t: torch.Tensor, offsets: list[int], sizes: list[int]) -> torch.Tensor:
     return t[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))]
-
-
-def raw_bytes(t: torch.Tensor) -> torch.Tensor:
-    flat = bits(t).contiguous().reshape(-1)
-    return flat.view(torch.uint8)
 
 
 def saved_state() -> dict[str, torch.Tensor]:

@@ -12,8 +12,7 @@ import torch
 from torch import nn
 
 import snapstate as ss
-
-from .helpers import assert_bitwise_equal, assert_tree_equal
+from support.bits import assert_bitwise_equal, assert_tree_equal
 
 pytestmark = pytest.mark.filterwarnings("ignore::UserWarning")
 

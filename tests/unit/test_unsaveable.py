@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import snapstate as ss
-
-from .helpers import assert_bitwise_equal
+from support.bits import assert_bitwise_equal
 
 
 class Opaque:

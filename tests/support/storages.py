@@ -1,5 +1,8 @@
-"""FaultyStorage: a Storage wrapper that fails chosen phases of a save, by name (after DCP's
-FaultyStorageWriter), so that each failure path is tested on purpose rather than by luck."""
+"""Storage wrappers for tests: a delegating base, one that counts reads, one that fails on purpose.
+
+FaultyStorage fails chosen phases of a save, by name (after DCP's FaultyStorageWriter), so that
+each failure path is tested on purpose rather than by luck.
+"""
 
 from __future__ import annotations
 
@@ -24,19 +27,59 @@ PHASES = (
 )
 
 
+class Delegating:
+    """A Storage that forwards everything to ``inner``; subclasses override what they watch."""
+
+    def __init__(self, inner: Storage) -> None:
+        self.inner = inner
+        self.root = inner.root
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class CountingStorage(Delegating):
+    """Counts the bytes read, per file, by ``read_into`` (tensor data) and ``read_bytes``."""
+
+    def __init__(self, inner: Storage) -> None:
+        super().__init__(inner)
+        self.lock = threading.Lock()
+        self.data_reads: dict[str, int] = {}
+        self.small_reads: dict[str, int] = {}
+
+    def read_into(self, path: str, offset: int, out: memoryview) -> None:
+        self.inner.read_into(path, offset, out)
+        with self.lock:
+            self.data_reads[path] = self.data_reads.get(path, 0) + len(out)
+
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
+        data = self.inner.read_bytes(path, offset, length)
+        with self.lock:
+            self.small_reads[path] = self.small_reads.get(path, 0) + len(data)
+        return data
+
+    def child(self, path: str) -> CountingStorage:
+        return CountingStorage(self.inner.child(path))
+
+
 @dataclass
 class Fault:
-    """Fail the ``phase`` with ``error`` once it has succeeded ``after`` times."""
+    """Fail the ``phase`` with ``error`` once it has succeeded ``after`` times.
+
+    With ``after_bytes``, a write only counts once it reaches past that byte of its file (a
+    device lost mid-file: a torn shard).
+    """
 
     phase: str
     after: int = 0
     error: int = errno.EIO
+    after_bytes: int | None = None
     calls: int = 0
     fired: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def check(self, phase: str, what: str) -> None:
-        if phase != self.phase:
+    def check(self, phase: str, what: str, end: int = 0) -> None:
+        if phase != self.phase or (self.after_bytes is not None and end <= self.after_bytes):
             return
         with self.lock:
             self.calls += 1
@@ -52,12 +95,11 @@ class FaultyWriter:
     def __init__(self, inner: FileWriter, path: str, faults: list[Fault]) -> None:
         self.inner, self.path, self.faults = inner, path, faults
         self.sequential = inner.sequential
-        self._writes = 0
 
     def write_at(self, data: memoryview, offset: int) -> None:
         phase = "write_header" if offset == 0 else "write_data"
         for f in self.faults:
-            f.check(phase, self.path)
+            f.check(phase, self.path, offset + len(data))
         self.inner.write_at(data, offset)
 
     def close(self, sync: bool = True) -> None:
@@ -69,13 +111,12 @@ class FaultyWriter:
         self.inner.abort()
 
 
-class FaultyStorage:
-    """Delegates to ``inner``; each ``Fault`` fails its phase."""
+class FaultyStorage(Delegating):
+    """Delegates to ``inner``; each ``Fault`` fails its phase. Reads are untouched."""
 
     def __init__(self, inner: Storage, *faults: Fault) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.faults = list(faults)
-        self.root = inner.root
 
     def _check(self, phase: str, what: str) -> None:
         for f in self.faults:
@@ -86,14 +127,7 @@ class FaultyStorage:
         return FaultyWriter(self.inner.open_writer(path, size), path, self.faults)
 
     def write_atomic(self, path: str, data: bytes) -> None:
-        self._check(
-            "write_manifest"
-            if path == "manifest.json"
-            else "write_marker"
-            if path.startswith(".markers/")
-            else "write_atomic",
-            path,
-        )
+        self._check(_atomic_phase(path), path)
         self.inner.write_atomic(path, data)
 
     def sync_dir(self, path: str = "") -> None:
@@ -101,17 +135,19 @@ class FaultyStorage:
         self.inner.sync_dir(path)
 
     def remove_tree(self, path: str = "") -> None:
-        if path == ".markers" and self.inner.exists(
-            "manifest.json"
-        ):  # the tidying after the commit
+        # Removing the markers of a committed checkpoint is the tidying after the commit.
+        if path == ".markers" and self.inner.exists("manifest.json"):
             self._check("remove_markers", path)
         self.inner.remove_tree(path)
 
     def child(self, path: str) -> Storage:
         return FaultyStorage(self.inner.child(path), *self.faults)
 
-    def __getattr__(self, name: str) -> Any:  # reads, sizes, listings: untouched
-        return getattr(self.inner, name)
+
+def _atomic_phase(path: str) -> str:
+    if path == "manifest.json":
+        return "write_manifest"
+    return "write_marker" if path.startswith(".markers/") else "write_atomic"
 
 
 def fired(faults: list[Fault]) -> int:
