@@ -20,6 +20,7 @@ from snapstate.engine import staging
 from snapstate.format.dtypes import DTYPES
 from snapstate.storage.local import LocalFileWriter
 from support.bits import assert_bitwise_equal, assert_tree_equal
+from support.procs import wait_for
 from support.tensors import random_tensor, zeros_like_layout
 
 MiB = 1 << 20
@@ -156,14 +157,18 @@ def test_background_error_surfaces_on_wait(tmp_path: Path, monkeypatch: pytest.M
     assert torch.equal(target["x"], torch.ones(100))
 
 
+def leave_an_unobserved_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An async save fails in the background and nobody waits on its handle."""
+    fail_with_enospc(monkeypatch)
+    handle = ss.async_save({"x": torch.ones(100)}, tmp_path / "a")
+    wait_for(handle.done, 30, "the failing background save")
+    monkeypatch.undo()
+
+
 def test_unobserved_background_error_surfaces_on_the_next_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_with_enospc(monkeypatch)
-    handle = ss.async_save({"x": torch.ones(100)}, tmp_path / "a")
-    while not handle.done():
-        time.sleep(0.01)
-    monkeypatch.undo()
+    leave_an_unobserved_error(tmp_path, monkeypatch)
     with pytest.raises(OSError) as info:
         ss.save({"x": torch.ones(100)}, tmp_path / "b")
     assert info.value.errno == errno.ENOSPC
@@ -174,11 +179,7 @@ def test_unobserved_background_error_surfaces_on_the_next_save(
 def test_unobserved_error_also_surfaces_on_the_next_async_save(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fail_with_enospc(monkeypatch)
-    handle = ss.async_save({"x": torch.ones(100)}, tmp_path / "a")
-    while not handle.done():
-        time.sleep(0.01)
-    monkeypatch.undo()
+    leave_an_unobserved_error(tmp_path, monkeypatch)
     with pytest.raises(OSError):
         ss.async_save({"x": torch.ones(100)}, tmp_path / "b")
     ss.async_save({"x": torch.ones(100)}, tmp_path / "b").wait()
