@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
 
 import pytest
 
 import snapstate as ss
 from snapstate.format.manifest import MANIFEST
 from snapstate.lock import LOCK_FILE
+from support.procs import dead_pid
 from support.states import assert_same_state, training_state
 
 from .conftest import Backend
@@ -89,9 +88,7 @@ def test_lock_keeps_a_second_manager_out(backend: Backend) -> None:
 
 
 def test_stale_lock_of_a_dead_process_is_taken_over(backend: Backend) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    stale = {"pid": dead.pid, "host": socket.gethostname()}
+    stale = {"pid": dead_pid(), "host": socket.gethostname()}
     backend.storage("run").write_atomic(LOCK_FILE, json.dumps(stale).encode())
     with ss.CheckpointManager(backend.target("run"), async_save=False) as mgr:
         mgr.save(1, training_state())

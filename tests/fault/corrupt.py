@@ -16,6 +16,7 @@ import torch
 
 import snapstate as ss
 from snapstate.storage.local import LocalStorage
+from support.states import blank_like
 
 SHARD = "shards/r00000-000.safetensors"
 
@@ -32,11 +33,7 @@ def small_state() -> dict[str, Any]:
 
 
 def blank_small_state() -> dict[str, Any]:
-    state = small_state()
-    for group in ("model", "opt"):
-        state[group] = {k: torch.zeros_like(v) for k, v in state[group].items()}
-    state["arr"] = np.zeros(50)
-    return state
+    return blank_like(small_state())
 
 
 SMALL_OPTIONS = ss.SaveOptions(block_bytes=1024)

@@ -14,7 +14,7 @@ import snapstate as ss
 from snapstate.storage.local import LocalStorage
 from support.bits import assert_tree_equal, raw_bytes, same_bits, tree_differences
 from support.procs import wait_for
-from support.states import assert_same_state, training_state
+from support.states import assert_same_state, blank_like, training_state
 from support.storages import Fault, FaultyStorage, fired
 from support.tensors import random_tensor, zeros_like_layout
 
@@ -83,3 +83,11 @@ def test_wait_for_gives_up_with_what_it_waited_for() -> None:
     wait_for(lambda: True, 0.1, "nothing")
     with pytest.raises(AssertionError, match="waiting for the impossible"):
         wait_for(lambda: False, 0.05, "the impossible")
+
+
+def test_blank_like_keeps_structure_dtypes_and_plain_values() -> None:
+    state = {"w": torch.randn(3, 4).t(), "n": [np.arange(3, dtype=np.int16), (7, "x")]}
+    blank = blank_like(state)
+    assert tree_differences(blank, state) == ["/w: tensors differ", "/n/0: arrays differ"]
+    assert blank["w"].dtype == torch.float32 and blank["w"].shape == (4, 3)
+    assert not blank["w"].any() and not blank["n"][0].any() and blank["n"][1] == (7, "x")

@@ -24,6 +24,13 @@ def wait_for(
         time.sleep(poll_s)
 
 
+def dead_pid() -> int:
+    """The pid of a process that has exited and been reaped (a stale lock's holder)."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    return dead.pid
+
+
 def reap_group(proc: subprocess.Popen[Any]) -> None:
     """SIGKILL what is left of ``proc``'s process group (orphaned workers too) and reap ``proc``."""
     try:

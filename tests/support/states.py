@@ -31,6 +31,20 @@ def trained(
     return model, optim
 
 
+def blank_like(tree: Any) -> Any:
+    """A load target of ``tree``'s structure: tensors and arrays zeroed (same dtype and shape),
+    plain values as they are."""
+    if isinstance(tree, torch.Tensor):
+        return torch.zeros_like(tree.detach())
+    if isinstance(tree, np.ndarray):
+        return np.zeros_like(tree)
+    if isinstance(tree, dict):
+        return {k: blank_like(v) for k, v in tree.items()}
+    if isinstance(tree, (list, tuple)):
+        return type(tree)(blank_like(v) for v in tree)
+    return tree
+
+
 def training_state(seed: int = 0, width: int = 32) -> dict[str, Any]:
     """A small model and optimizer after one step, odd dtypes, an array and plain values."""
     model, optim = trained((width, width, 4), relu=True, seed=seed)

@@ -21,6 +21,7 @@ from snapstate.format.dtypes import DTYPES
 from snapstate.storage.local import LocalFileWriter
 from support.bits import assert_bitwise_equal, assert_tree_equal
 from support.procs import wait_for
+from support.states import blank_like
 from support.tensors import random_tensor, zeros_like_layout
 
 MiB = 1 << 20
@@ -84,10 +85,7 @@ def mutate(state: dict) -> None:
 
 
 def load_fresh(path: Path, like: dict) -> dict:
-    fresh = {
-        k: (torch.zeros_like(v) if isinstance(v, torch.Tensor) else np.zeros_like(v))
-        for k, v in like.items()
-    }
+    fresh = blank_like(like)
     ss.load(fresh, path)
     return fresh
 

@@ -15,6 +15,7 @@ import torch
 import snapstate as ss
 from snapstate.engine import staging
 from support.bits import assert_bitwise_equal
+from support.states import blank_like
 from support.tensors import random_tensor
 
 MiB = 1 << 20
@@ -53,10 +54,6 @@ def large_state() -> dict[str, torch.Tensor]:
         "b": wide[:, ::2],  # non-contiguous: staged by torch's own copy
         "c": random_tensor(torch.bfloat16, (3 * MiB + 5,), seed=4),
     }
-
-
-def blank_like(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    return {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in state.items()}
 
 
 def assert_holds(path: Path, expected: dict[str, torch.Tensor]) -> None:

@@ -20,6 +20,7 @@ import snapstate as ss
 from snapstate.lock import LOCK_FILE
 from snapstate.storage.local import LocalFileWriter
 from support.bits import assert_bitwise_equal
+from support.procs import dead_pid
 
 
 def state_at(step: int) -> dict:
@@ -184,13 +185,12 @@ def test_torn_lock_file_is_taken_over(tmp_path: Path, content: str) -> None:
 
 
 def test_stale_lock_of_a_dead_pid_is_taken_over(tmp_path: Path) -> None:
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
+    dead = dead_pid()
     tmp_path.mkdir(exist_ok=True)
-    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname()}))
+    (tmp_path / LOCK_FILE).write_text(json.dumps({"pid": dead, "host": socket.gethostname()}))
     with ss.CheckpointManager(tmp_path, async_save=False) as mgr:
         holder = json.loads((tmp_path / LOCK_FILE).read_text())
-        assert holder["pid"] != dead.pid
+        assert holder["pid"] != dead
         mgr.save(1, state_at(1))
         assert mgr.steps() == [1]
 
