@@ -1,15 +1,16 @@
-"""A save, end to end: flatten -> gather metadata -> plan -> stage -> persist -> commit."""
+"""A save as its steps: agree on a plan -> clear the target -> stage -> persist -> commit."""
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
 
-from snapstate.collective.coordinator import Coordinator
-from snapstate.collective.exchange import exchange_plan
+from snapstate.collective.coordinator import Coordinator, gather_or_raise
+from snapstate.collective.exchange import AgreedPlan, exchange_plan
 from snapstate.collective.replica_check import ReplicaHasher
 from snapstate.engine.commit import (
     MARKERS,
@@ -26,8 +27,7 @@ from snapstate.errors import CheckpointExistsError
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.format.manifest import MANIFEST
 from snapstate.planning.items import ItemMeta, Placement, RankPlan
-from snapstate.planning.layout import PlanOptions, SavePlan
-from snapstate.planning.replicas import ReplicaGroup
+from snapstate.planning.layout import PlanOptions
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
 from snapstate.storage.base import Storage
@@ -41,21 +41,15 @@ class SaveOptions:
     threads: int = 1  # writer threads per rank (files are spread over them)
     overwrite: bool = False  # replace a committed checkpoint at the same path
     plan: PlanOptions = field(default_factory=PlanOptions)
-    verify_replicas: str = (
-        "hash"  # "hash": replicas must hash equal across ranks (checked at save); "off"
-    )
+    # "hash": replicas must hash equal across ranks (checked at save); "off"
+    verify_replicas: str = "hash"
 
 
-@dataclass
-class _Prepared:
-    flat: FlatState
-    plan: SavePlan
-    save_id: str
-    tree_differs: bool = False  # this rank's structure differs from rank 0's: its marker carries it
-    timings: dict[str, float] = field(default_factory=dict)
-    # boxes several ranks hold, compared at commit
-    replicas: list[ReplicaGroup] = field(default_factory=list)
-    hasher: ReplicaHasher | None = None
+class SaveMode(Enum):
+    """Whether the caller waits for the commit or only for the staging copies."""
+
+    BLOCKING = "blocking"  # write straight from the caller's memory; return once committed
+    ASYNC = "async"  # copy into host buffers; persist and commit in the background
 
 
 def start_save(
@@ -66,83 +60,206 @@ def start_save(
     pool: HostBufferPool | None,
     step: int | None,
     options: SaveOptions,
+    mode: SaveMode | None = None,
 ) -> SaveHandle:
-    """Blocking part of a save; returns a handle whose background work persists and commits.
+    """Run a save's foreground steps; the handle's background work persists and commits.
 
-    ``pool=None`` means a blocking save: CPU tensors are written straight from their memory.
+    ``mode`` defaults to ASYNC when a staging ``pool`` is given, BLOCKING otherwise.
     """
-    started = time.perf_counter()
-    prepared = _prepare(state, storage, coord, options)
-    rank_plan = prepared.plan.for_rank(coord.rank)
-    try:
-        writer = RankWriter(
-            storage, rank_plan, options.block_bytes, options.threads, hold=pool is not None
-        )
-        # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
-        piece_bytes = (
-            min(options.piece_bytes, pool.slab_bytes) if pool is not None else options.piece_bytes
-        )
-        _stage_all(
-            prepared.flat,
-            rank_plan,
-            writer,
-            Stager(pool, options.timeout, before_wait=writer.flush),
-            piece_bytes,
-        )
-        if pool is not None and prepared.hasher is not None:
-            prepared.hasher.result()  # the values of the call: the caller may change them once we return
-    except BaseException as exc:
-        report_failure(coord, prepared.save_id, exc)
-        if "writer" in locals():
-            writer.abort()
-        raise
-    blocking_s = time.perf_counter() - started
+    if mode is None:
+        mode = SaveMode.BLOCKING if pool is None else SaveMode.ASYNC
+    return SaveJob(state, storage, coord, mode=mode, pool=pool, step=step, options=options).run()
 
-    def persist_and_commit() -> SaveResult:
+
+class SaveJob:
+    """One rank's part of one save; each step is a method, run in the order of ``run``."""
+
+    def __init__(
+        self,
+        state: Any,
+        storage: Storage,
+        coord: Coordinator,
+        *,
+        mode: SaveMode,
+        pool: HostBufferPool | None,
+        step: int | None,
+        options: SaveOptions,
+    ) -> None:
+        if mode is SaveMode.ASYNC and pool is None:
+            raise ValueError("an async save needs a staging pool")
+        self.state = state
+        self.storage = storage
+        self.coord = coord
+        self.mode = mode
+        self.pool = pool if mode is SaveMode.ASYNC else None
+        self.step = step
+        self.options = options
+        self.started = time.perf_counter()
+        self.timings: dict[str, float] = {}
+        self.agreed: AgreedPlan | None = None
+        self.hasher: ReplicaHasher | None = None
+        self.writer: RankWriter | None = None
+        self.blocking_s = 0.0
+        self.persist_s = 0.0
+
+    @property
+    def rank_plan(self) -> RankPlan:
+        assert self.agreed is not None
+        return self.agreed.plan.for_rank(self.coord.rank)
+
+    def run(self) -> SaveHandle:
+        """The foreground steps; a blocking save also persists and commits before returning."""
+        self.agree()
+        self.clear_target()
+        self.stage()
+        if self.mode is SaveMode.BLOCKING:
+            return SaveHandle(result=self.finish())
+        return SaveHandle(run=self.finish)
+
+    def finish(self) -> SaveResult:
+        """The steps after staging: in the background of an async save."""
+        self.persist()
+        return self.commit()
+
+    # -- steps -------------------------------------------------------------------------
+    def agree(self) -> None:
+        """Flatten the state, exchange metadata and agree on the plan (cached while unchanged)."""
+
+        def local() -> tuple[FlatState, list[ItemMeta]]:
+            flat = flatten_state(self.state)
+            return flat, _item_metas(flat)
+
+        started = time.perf_counter()
+        self.agreed = exchange_plan(self.coord, local, self.options.plan)
+        self.timings["plan_s"] = time.perf_counter() - started
+        self.timings["plan_cached"] = float(self.agreed.cached)
+
+    def clear_target(self) -> None:
+        """Rank 0 refuses a committed target (unless overwriting) and removes leftovers.
+
+        Only once the plan is agreed, so an unsaveable state on any rank uncommits nothing;
+        every rank waits for it (a gather), so no rank writes a shard rank 0 then removes.
+        """
+        storage, overwrite = self.storage, self.options.overwrite
+
+        def clear() -> None:
+            if self.coord.rank == 0:
+                _clear_target(storage, overwrite)
+
+        gather_or_raise(self.coord, clear)
+
+    def stage(self) -> None:
+        """Copy (async) or expose (blocking) this rank's chunks and hand them to the writer."""
+        assert self.agreed is not None
+        options, rank_plan = self.options, self.rank_plan
+        self._start_replica_check()
         try:
-            stats = writer.close()
-            storage.sync_dir("shards")
-            write_marker(
-                storage,
-                coord.rank,
-                _marker(coord.rank, prepared, rank_plan, stats, options, blocking_s),
+            self.writer = RankWriter(
+                self.storage,
+                rank_plan,
+                options.block_bytes,
+                options.threads,
+                hold=self.mode is SaveMode.ASYNC,
             )
+            stager = Stager(self.pool, options.timeout, before_wait=self.writer.flush)
+            _stage_all(self.agreed.flat, rank_plan, self.writer, stager, self._piece_bytes())
+            if self.mode is SaveMode.ASYNC and self.hasher is not None:
+                # the values of the call: the caller may change them once we return
+                self.hasher.result()
         except BaseException as exc:
-            report_failure(coord, prepared.save_id, exc)
-            _discard(storage, coord.rank, rank_plan)
+            self._fail(exc)
             raise
-        persist_s = time.perf_counter() - started - blocking_s
+        self.blocking_s = time.perf_counter() - self.started
+
+    def persist(self) -> None:
+        """Wait for the writes, fsync, then write this rank's marker."""
+        assert self.writer is not None
+        try:
+            stats = self.writer.close()
+            self.storage.sync_dir("shards")
+            write_marker(self.storage, self.coord.rank, self._marker(stats))
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self.persist_s = time.perf_counter() - self.started - self.blocking_s
+
+    def commit(self) -> SaveResult:
+        """Arrive at the commit barrier; rank 0 assembles and publishes the manifest."""
+        agreed = self.agreed
+        assert agreed is not None
         try:
             commit_s = finish_rank(
-                coord,
-                storage,
-                prepared.save_id,
-                prepared.plan,
-                prepared.flat.tree,
-                step,
-                options.timeout,
-                prepared.replicas,
+                self.coord,
+                self.storage,
+                agreed.save_id,
+                agreed.plan,
+                agreed.flat.tree,
+                self.step,
+                self.options.timeout,
+                agreed.replicas if self.hasher is not None else [],
             )
         except BaseException:
-            _discard(storage, coord.rank, rank_plan)
+            _discard(self.storage, self.coord.rank, self.rank_plan)
             raise
-        return SaveResult(
-            path=storage.root,
-            step=step,
-            rank=coord.rank,
-            world_size=coord.world_size,
-            bytes_written=rank_plan.nbytes,
-            files=[f.path for f in rank_plan.files],
-            blocking_s=blocking_s,
-            persist_s=persist_s,
-            commit_s=commit_s,
-            total_s=time.perf_counter() - started,
-            timings=prepared.timings,
+        return self._result(commit_s)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _start_replica_check(self) -> None:
+        agreed = self.agreed
+        assert agreed is not None
+        check = (
+            self.options.verify_replicas == "hash"
+            and self.coord.world_size > 1
+            and bool(agreed.replicas)
+        )
+        if check:  # overlaps staging and writes
+            self.hasher = ReplicaHasher(agreed.flat, agreed.replicas, self.coord.rank)
+
+    def _piece_bytes(self) -> int:
+        # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
+        if self.pool is not None:
+            return min(self.options.piece_bytes, self.pool.slab_bytes)
+        return self.options.piece_bytes
+
+    def _fail(self, exc: BaseException) -> None:
+        """Tell the others this rank will not arrive, and drop what it wrote."""
+        assert self.agreed is not None
+        report_failure(self.coord, self.agreed.save_id, exc)
+        if self.writer is not None:
+            self.writer.abort()
+        _discard(self.storage, self.coord.rank, self.rank_plan)
+
+    def _marker(self, stats: PersistStats) -> dict[str, Any]:
+        agreed = self.agreed
+        assert agreed is not None
+        replicas = self.hasher.result() if self.hasher is not None else {}
+        if self.hasher is not None:
+            self.timings["replica_check_s"] = self.hasher.seconds
+        return _marker(
+            self.coord.rank,
+            agreed,
+            self.rank_plan,
+            stats,
+            self.options.block_bytes,
+            self.blocking_s,
+            replicas,
         )
 
-    if pool is None:
-        return SaveHandle(result=persist_and_commit())
-    return SaveHandle(run=persist_and_commit)
+    def _result(self, commit_s: float) -> SaveResult:
+        rank_plan = self.rank_plan
+        return SaveResult(
+            path=self.storage.root,
+            step=self.step,
+            rank=self.coord.rank,
+            world_size=self.coord.world_size,
+            bytes_written=rank_plan.nbytes,
+            files=[f.path for f in rank_plan.files],
+            blocking_s=self.blocking_s,
+            persist_s=self.persist_s,
+            commit_s=commit_s,
+            total_s=time.perf_counter() - self.started,
+            timings=self.timings,
+        )
 
 
 def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
@@ -152,7 +269,8 @@ def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
     leftovers of uncommitted saves when it starts.
     """
     try:
-        if storage.exists(MANIFEST):  # the failure came after the commit point: keep the checkpoint
+        # the failure came after the commit point: keep the checkpoint
+        if storage.exists(MANIFEST):
             return
         for f in rank_plan.files:
             storage.remove(f.path)
@@ -161,32 +279,6 @@ def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
             storage.remove_tree(MARKERS)
     except Exception:  # noqa: BLE001 - see the docstring
         pass
-
-
-def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
-    def local() -> tuple[FlatState, list[ItemMeta]]:
-        # first: an unsaveable state must not uncommit the old checkpoint
-        flat = flatten_state(state)
-        if coord.rank == 0:
-            _clear_target(storage, options.overwrite)
-        return flat, _item_metas(flat)
-
-    started = time.perf_counter()
-    # every rank: the same plan, cached while unchanged
-    agreed = exchange_plan(coord, local, options.plan)
-    timings = {"plan_s": time.perf_counter() - started, "plan_cached": float(agreed.cached)}
-    check = options.verify_replicas == "hash" and coord.world_size > 1 and bool(agreed.replicas)
-    # overlaps staging and writes
-    hasher = ReplicaHasher(agreed.flat, agreed.replicas, coord.rank) if check else None
-    return _Prepared(
-        agreed.flat,
-        agreed.plan,
-        agreed.save_id,
-        agreed.tree_differs,
-        timings,
-        agreed.replicas if check else [],
-        hasher,
-    )
 
 
 def _clear_target(storage: Storage, overwrite: bool) -> None:
@@ -199,7 +291,7 @@ def _clear_target(storage: Storage, overwrite: bool) -> None:
         storage.remove(MANIFEST)  # uncommit first: a crash below leaves no torn checkpoint
         storage.sync_dir()
     storage.remove_tree("shards")
-    storage.remove_tree(".markers")
+    storage.remove_tree(MARKERS)
     storage.makedirs("shards")
 
 
@@ -233,15 +325,16 @@ def _stage_all(
 
 def _marker(
     rank: int,
-    prepared: _Prepared,
+    agreed: AgreedPlan,
     rank_plan: RankPlan,
     stats: PersistStats,
-    options: SaveOptions,
+    block_bytes: int,
     blocking_s: float,
+    replicas: dict[int, list[str]],
 ) -> dict[str, Any]:
-    flat = prepared.flat
+    flat = agreed.flat
     chunks = [
-        marker_chunk(p, options.block_bytes, stats.digests[(p.file, p.start, p.end)])
+        marker_chunk(p, block_bytes, stats.digests[(p.file, p.start, p.end)])
         for f in rank_plan.files
         for p in f.items
     ]
@@ -249,11 +342,8 @@ def _marker(
         k: {"dtype": m.dtype, "shape": list(m.shape), "kind": flat.kinds[k]}
         for k, m in ((k, item_meta(k, t, True)) for k, t in flat.rank_local_tensors.items())
     }
-    replicas = prepared.hasher.result() if prepared.hasher is not None else {}
-    if prepared.hasher is not None:
-        prepared.timings["replica_check_s"] = prepared.hasher.seconds
     return {
-        **({"tree": flat.tree} if prepared.tree_differs else {}),
+        **({"tree": flat.tree} if agreed.tree_differs else {}),
         **({"replicas": {str(i): h for i, h in replicas.items()}} if replicas else {}),
         "rank": rank,
         "files": {f.path: f.size for f in rank_plan.files},
