@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -20,6 +21,7 @@ import xxhash
 
 from snapstate.engine.staging import byte_view, row_pieces
 from snapstate.errors import ReplicaMismatchError
+from snapstate.format.marker import Marker
 from snapstate.planning.replicas import ReplicaGroup, divergences
 from snapstate.state.dtensor import source_view
 from snapstate.state.flatten import FlatState
@@ -85,9 +87,9 @@ class ReplicaHasher:
         return self.hashes
 
 
-def check_markers(groups: list[ReplicaGroup], markers: list[dict[str, Any]]) -> None:
+def check_markers(groups: list[ReplicaGroup], markers: Sequence[Marker | dict[str, Any]]) -> None:
     """Coordinator, before committing: every group's members listed the same hashes."""
-    per_rank = [{int(i): h for i, h in m.get("replicas", {}).items()} for m in markers]
+    per_rank = [_replicas(m) for m in markers]
     bad = [
         i for i, g in enumerate(groups) if len({tuple(per_rank[r].get(i, ())) for r in g.ranks}) > 1
     ]
@@ -99,3 +101,10 @@ def check_markers(groups: list[ReplicaGroup], markers: list[dict[str, Any]]) -> 
     raise ReplicaMismatchError(
         f"replicated tensors differ across ranks; nothing was committed:\n  {lines}{more}"
     )
+
+
+def _replicas(marker: Marker | dict[str, Any]) -> dict[int, list[str]]:
+    """A marker's replica hashes; a plain dict stands for a marker's JSON (tests, tools)."""
+    if isinstance(marker, Marker):
+        return {i: list(h) for i, h in marker.replicas.items()}
+    return {int(i): list(h) for i, h in marker.get("replicas", {}).items()}

@@ -26,6 +26,7 @@ from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager,
 from snapstate.errors import CheckpointExistsError
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.format.manifest import MANIFEST
+from snapstate.format.marker import LocalTensor, Marker
 from snapstate.planning.items import ItemMeta, Placement, RankPlan
 from snapstate.planning.layout import PlanOptions
 from snapstate.state.dtensor import item_meta, source_view
@@ -229,7 +230,7 @@ class SaveJob:
             self.writer.abort()
         _discard(self.storage, self.coord.rank, self.rank_plan)
 
-    def _marker(self, stats: PersistStats) -> dict[str, Any]:
+    def _marker(self, stats: PersistStats) -> Marker:
         agreed = self.agreed
         assert agreed is not None
         replicas = self.hasher.result() if self.hasher is not None else {}
@@ -331,24 +332,25 @@ def _marker(
     block_bytes: int,
     blocking_s: float,
     replicas: dict[int, list[str]],
-) -> dict[str, Any]:
+) -> Marker:
     flat = agreed.flat
-    chunks = [
+    chunks = tuple(
         marker_chunk(p, block_bytes, stats.digests[(p.file, p.start, p.end)])
         for f in rank_plan.files
         for p in f.items
-    ]
+    )
     local_tensors = {
-        k: {"dtype": m.dtype, "shape": list(m.shape), "kind": flat.kinds[k]}
+        k: LocalTensor(m.dtype, tuple(m.shape), flat.kinds[k])
         for k, m in ((k, item_meta(k, t, True)) for k, t in flat.rank_local_tensors.items())
     }
-    return {
-        **({"tree": flat.tree} if agreed.tree_differs else {}),
-        **({"replicas": {str(i): h for i, h in replicas.items()}} if replicas else {}),
-        "rank": rank,
-        "files": {f.path: f.size for f in rank_plan.files},
-        "chunks": chunks,
-        "kinds": {k: flat.kinds[k] for k in flat.tensors},
-        "rank_local": {"trees": flat.rank_local_trees, "tensors": local_tensors},
-        "timings": {"blocking_s": blocking_s, "write_s": stats.write_s, "bytes": rank_plan.nbytes},
-    }
+    return Marker(
+        rank=rank,
+        files={f.path: f.size for f in rank_plan.files},
+        chunks=chunks,
+        kinds={k: flat.kinds[k] for k in flat.tensors},
+        local_trees=flat.rank_local_trees,
+        local_tensors=local_tensors,
+        timings={"blocking_s": blocking_s, "write_s": stats.write_s, "bytes": rank_plan.nbytes},
+        tree=flat.tree if agreed.tree_differs else None,
+        replicas={i: tuple(h) for i, h in replicas.items()},
+    )
