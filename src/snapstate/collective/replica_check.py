@@ -19,12 +19,12 @@ from typing import Any
 import torch
 import xxhash
 
-from snapstate.engine.staging import byte_view, row_pieces
 from snapstate.errors import ReplicaMismatchError
 from snapstate.format.marker import Marker
 from snapstate.planning.replicas import ReplicaGroup, divergences
 from snapstate.state.dtensor import source_view
 from snapstate.state.flatten import FlatState
+from snapstate.state.views import byte_view, row_pieces
 
 HASH_PIECE_BYTES = 64 << 20
 _P = 65521  # position weights of the device fingerprint

@@ -22,7 +22,7 @@ from snapstate.engine.commit import (
 )
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter
-from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager, row_pieces
+from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager
 from snapstate.errors import CheckpointExistsError
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.format.manifest import MANIFEST
@@ -31,6 +31,7 @@ from snapstate.planning.items import ItemMeta, Placement, RankPlan
 from snapstate.planning.layout import PlanOptions
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
+from snapstate.state.views import row_pieces
 from snapstate.storage.base import Storage
 
 
