@@ -6,15 +6,17 @@ import json
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 import xxhash
 
 from snapstate.collective.coordinator import Coordinator, gather_or_raise
 from snapstate.planning.cache import (
     CacheEntry,
     Decision,
+    LocalStructure,
     Offer,
     PlanCache,
     combined_token,
@@ -59,24 +61,24 @@ def exchange_plan(
 ) -> AgreedPlan:
     """Gather offers (and metadata when needed); every rank derives the same plan."""
     cache = cache_for(coord)
-    mine: list[tuple[FlatState, list[ItemMeta]]] = []
+    mine: list[tuple[FlatState, list[ItemMeta], CacheEntry | None]] = []
 
     def offer() -> Offer:
         flat, metas = local()
-        mine.append((flat, metas))
-        digest = metas_digest(metas, (options, coord.world_size))
-        token = cache.token_for(digest)
+        digest = _digest(cache, metas, (options, coord.world_size))
+        entry = cache.snapshot(digest)  # this save's view of the cache, see PlanCache
+        mine.append((flat, metas, entry))
+        token = entry.token if entry is not None else None
         return Offer(
-            digest, token, None if token else metas, uuid.uuid4().hex, tree_digest(flat.tree)
+            digest, token, None if token else metas, uuid.uuid4().hex, _tree_digest(cache, flat)
         )
 
     offers = gather_or_raise(coord, offer)
-    flat, metas = mine[0]
+    flat, metas, entry = mine[0]
     decision = decide(offers)
     if decision is Decision.REUSE:
-        assert cache.entry is not None
-        cache.hits += 1
-        entry = cache.entry
+        assert entry is not None
+        cache.hit()
     else:
         if decision is Decision.PLAN:
             all_metas = [o.metas or [] for o in offers]
@@ -86,7 +88,7 @@ def exchange_plan(
         entry = CacheEntry(
             combined_token(offers), offers[coord.rank].digest, plan, replica_groups(all_metas)
         )
-        cache.entry = entry
+        cache.store(entry)
     return AgreedPlan(
         flat,
         entry.plan,
@@ -95,3 +97,54 @@ def exchange_plan(
         offers[coord.rank].tree_digest != offers[0].tree_digest,
         decision is Decision.REUSE,
     )
+
+
+def local_metas(
+    coord: Coordinator, flat: FlatState, compute: Callable[[FlatState], list[ItemMeta]]
+) -> list[ItemMeta]:
+    """This rank's item metadata: the last save's list while the structure is unchanged.
+
+    The check (``structure_key``) costs a tuple per tensor; the metadata and its digest cost
+    several times that, and an unchanged list also reuses its digest (``_digest``).
+    """
+    cache = cache_for(coord)
+    key = structure_key(flat)
+    known = cache.local
+    if key is not None and known is not None and known.key == key:
+        return known.metas
+    metas = compute(flat)
+    if key is not None:
+        cache.local = LocalStructure(key, metas, "", None)
+    return metas
+
+
+def structure_key(flat: FlatState) -> tuple[Any, ...] | None:
+    """What item metadata depends on, for plain tensors; None (never cached) for others."""
+    parts: list[Any] = []
+    for tensors in (flat.tensors, flat.rank_local_tensors):
+        for k, t in tensors.items():
+            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+                return None  # a DTensor's boxes depend on its mesh and placements
+            parts.append((k, t.dtype, t.shape, t.device))
+        parts.append(None)  # separates the two dicts
+    return (tuple(parts), frozenset(flat.rank0_keys))
+
+
+def _digest(cache: PlanCache, metas: list[ItemMeta], options: Any) -> str:
+    known = cache.local
+    if known is not None and known.metas is metas and known.digest and known.digest_of == options:
+        return known.digest
+    digest = metas_digest(metas, options)
+    if known is not None and known.metas is metas:
+        cache.local = replace(known, digest=digest, digest_of=options)
+    return digest
+
+
+def _tree_digest(cache: PlanCache, flat: FlatState) -> str:
+    known = cache.local
+    if known is not None and known.tree_digest and known.tree == flat.tree:
+        return known.tree_digest
+    digest = tree_digest(flat.tree)
+    if known is not None:
+        cache.local = replace(known, tree=flat.tree, tree_digest=digest)
+    return digest
