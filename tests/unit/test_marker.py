@@ -32,7 +32,7 @@ def _marker() -> Marker:
         local_tensors={"rng/x": LocalTensor("uint8", (4,), "tensor")},
         timings={"blocking_s": 0.5},
         tree={"d": []},
-        replicas={3: ("aa", "bb")},
+        replicas={"v@0": ("aa", "bb")},
     )
 
 
@@ -52,7 +52,7 @@ def test_marker_round_trips() -> None:
         (lambda d: d["chunks"][0].update(placement="mirror"), "unknown placement"),
         (lambda d: d["chunks"][0].update(offsets=[0]), "offsets and sizes differ"),
         (lambda d: d["files"].update(x=-1), "is not an integer"),
-        (lambda d: d.update(replicas={"g": ["a"]}), "is not a group index"),
+        (lambda d: d.update(replicas={"v@0": "ab"}), "is not a list"),
         (lambda d: d["rank_local"].pop("tensors"), "rank_local.tensors is not an object"),
     ],
 )

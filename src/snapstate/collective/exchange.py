@@ -6,7 +6,7 @@ import json
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -25,7 +25,12 @@ from snapstate.planning.cache import (
 )
 from snapstate.planning.items import ItemMeta
 from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
-from snapstate.planning.replicas import ReplicaGroup, replica_groups
+from snapstate.planning.replicas import (
+    ReplicaGroup,
+    WitnessItem,
+    replica_groups,
+    witness_candidates,
+)
 from snapstate.state.flatten import FlatState
 
 _caches: weakref.WeakKeyDictionary[Any, PlanCache] = weakref.WeakKeyDictionary()
@@ -41,6 +46,8 @@ class AgreedPlan:
     replicas: list[ReplicaGroup]
     tree_differs: bool  # this rank's structure differs from rank 0's (its marker carries it)
     cached: bool
+    witness: list[WitnessItem] = field(default_factory=list)  # chunks this rank may witness
+    turn: int = 0  # saves before this one with the same plan (rotates the witnesses)
 
 
 def cache_for(coord: Coordinator) -> PlanCache:
@@ -85,8 +92,13 @@ def exchange_plan(
         else:
             all_metas = gather_or_raise(coord, lambda: metas)
         plan = plan_save(all_metas, options)
+        groups = replica_groups(all_metas)
         entry = CacheEntry(
-            combined_token(offers), offers[coord.rank].digest, plan, replica_groups(all_metas)
+            combined_token(offers),
+            offers[coord.rank].digest,
+            plan,
+            groups,
+            witness_candidates(plan.items, groups, coord.rank),
         )
         cache.store(entry)
     return AgreedPlan(
@@ -96,6 +108,8 @@ def exchange_plan(
         entry.extra,
         offers[coord.rank].tree_digest != offers[0].tree_digest,
         decision is Decision.REUSE,
+        entry.witness,
+        cache.turn(entry),
     )
 
 

@@ -17,7 +17,7 @@ import torch
 from snapstate._version import __version__
 from snapstate.collective.barrier import OK, StoreBarrier, describe, raise_for
 from snapstate.collective.coordinator import Coordinator
-from snapstate.collective.replica_check import check_markers
+from snapstate.collective.replica_check import check_witnesses
 from snapstate.errors import CheckpointError
 from snapstate.format.manifest import (
     MANIFEST,
@@ -30,7 +30,6 @@ from snapstate.format.manifest import (
 from snapstate.format.marker import Marker, MarkerChunk, parse_marker
 from snapstate.planning.items import ItemMeta, PlacedItem
 from snapstate.planning.layout import SavePlan
-from snapstate.planning.replicas import ReplicaGroup
 from snapstate.planning.trees import merge_trees
 from snapstate.storage.base import Storage
 
@@ -61,10 +60,16 @@ def write_marker(storage: Storage, rank: int, marker: Marker) -> None:
     storage.write_atomic(marker_path(rank), marker.to_json())
 
 
-def read_markers(storage: Storage, world_size: int) -> list[Marker]:
-    """Every rank's marker, validated (CorruptCheckpointError naming the marker otherwise)."""
+def read_markers(storage: Storage, world_size: int, own: Marker | None = None) -> list[Marker]:
+    """Every rank's marker, validated (CorruptCheckpointError naming the marker otherwise).
+
+    ``own`` is the reading rank's marker, still in memory: its file need not be parsed.
+    """
     markers = []
     for r in range(world_size):
+        if own is not None and own.rank == r:
+            markers.append(own)
+            continue
         path = marker_path(r)
         markers.append(parse_marker(storage.read_bytes(path), f"{storage.root}/{path}", r))
     return markers
@@ -149,7 +154,7 @@ def finish_rank(
     tree: dict[str, Any],
     step: int | None,
     timeout: float,
-    replicas: list[ReplicaGroup] | None = None,
+    own: Marker | None = None,
 ) -> float:
     """After this rank's marker is written: arrive, then commit (coordinator) or wait for the commit.
 
@@ -169,9 +174,9 @@ def finish_rank(
         failed = [f"rank {r}: {o}" for r, o in arrived.items() if o != OK]
         if failed:
             raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
-        markers = read_markers(storage, coord.world_size)
+        markers = read_markers(storage, coord.world_size, own)
         # replicas that diverged: ReplicaMismatchError, no commit
-        check_markers(replicas or [], markers)
+        check_witnesses(markers)
         manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
         storage.write_atomic(MANIFEST, manifest.to_json())
     except BaseException as exc:

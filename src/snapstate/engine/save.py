@@ -11,7 +11,7 @@ import torch
 
 from snapstate.collective.coordinator import Coordinator, gather_or_raise
 from snapstate.collective.exchange import AgreedPlan, exchange_plan, local_metas
-from snapstate.collective.replica_check import ReplicaHasher
+from snapstate.collective.replica_check import WitnessHasher
 from snapstate.engine.commit import (
     MARKERS,
     finish_rank,
@@ -34,6 +34,7 @@ from snapstate.format.manifest import MANIFEST
 from snapstate.format.marker import LocalTensor, Marker
 from snapstate.planning.items import ItemMeta, PlacedItem, Placement, RankPlan, WriteItem
 from snapstate.planning.layout import PlanOptions
+from snapstate.planning.replicas import witnessed_by
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
 from snapstate.state.views import row_pieces
@@ -50,6 +51,8 @@ class SaveOptions:
     plan: PlanOptions = field(default_factory=PlanOptions)
     # "hash": replicas must hash equal across ranks (checked at save); "off"
     verify_replicas: str = "hash"
+    # witnesses per replicated chunk and save: None = every holder; k = a rotating k of them
+    replica_witnesses: int | None = None
 
 
 class SaveMode(Enum):
@@ -104,8 +107,9 @@ class SaveJob:
         self.started = time.perf_counter()
         self.timings: dict[str, float] = {}
         self.agreed: AgreedPlan | None = None
-        self.hasher: ReplicaHasher | None = None
+        self.hasher: WitnessHasher | None = None
         self.writer: RankWriter | None = None
+        self.marker: Marker | None = None
         self.blocking_s = 0.0
         self.persist_s = 0.0
 
@@ -162,7 +166,6 @@ class SaveJob:
         """Copy (async) or expose (blocking) this rank's chunks and hand them to the writer."""
         assert self.agreed is not None
         options, rank_plan = self.options, self.rank_plan
-        self._start_replica_check()
         try:
             self.writer = RankWriter(
                 self.storage,
@@ -173,9 +176,8 @@ class SaveJob:
             )
             stager = Stager(self.pool, options.timeout, before_wait=self.writer.flush)
             _stage_all(self.agreed.flat, rank_plan, self.writer, stager, self._piece_bytes())
-            if self.mode is SaveMode.ASYNC and self.hasher is not None:
-                # the values of the call: the caller may change them once we return
-                self.hasher.result()
+            self._stage_witnesses(stager)
+            stager.finish()
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -187,7 +189,8 @@ class SaveJob:
         try:
             stats = self.writer.close()
             self.storage.sync_dir("shards")
-            write_marker(self.storage, self.coord.rank, self._marker(stats))
+            self.marker = self._marker(stats)
+            write_marker(self.storage, self.coord.rank, self.marker)
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -206,7 +209,7 @@ class SaveJob:
                 agreed.flat.tree,
                 self.step,
                 self.options.timeout,
-                agreed.replicas if self.hasher is not None else [],
+                self.marker,
             )
         except BaseException:
             _discard(self.storage, self.coord.rank, self.rank_plan)
@@ -214,16 +217,28 @@ class SaveJob:
         return self._result(commit_s)
 
     # -- helpers -----------------------------------------------------------------------
-    def _start_replica_check(self) -> None:
-        agreed = self.agreed
+    def _stage_witnesses(self, stager: Stager) -> None:
+        """Hand this rank's copy of the chunks it witnesses to a background hasher."""
+        agreed, options = self.agreed, self.options
         assert agreed is not None
-        check = (
-            self.options.verify_replicas == "hash"
-            and self.coord.world_size > 1
-            and bool(agreed.replicas)
+        if options.verify_replicas != "hash" or self.coord.world_size == 1 or not agreed.replicas:
+            return
+        items = witnessed_by(
+            agreed.witness, self.coord.rank, agreed.turn, options.replica_witnesses
         )
-        if check:  # overlaps staging and writes
-            self.hasher = ReplicaHasher(agreed.flat, agreed.replicas, self.coord.rank)
+        self.hasher = WitnessHasher(options.block_bytes)
+        try:
+            with torch.no_grad():
+                for item in items:
+                    view = _source(agreed.flat, item)
+                    if self.mode is SaveMode.BLOCKING:  # hashed from memory while we write
+                        self.hasher.submit(item.name, view, last=True)
+                        continue
+                    pieces = list(row_pieces(view, self._piece_bytes()))
+                    for i, (_, rows) in enumerate(pieces):
+                        self.hasher.submit(item.name, stager.stage(rows), i == len(pieces) - 1)
+        finally:
+            self.hasher.close()
 
     def _piece_bytes(self) -> int:
         # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
@@ -333,7 +348,6 @@ def _stage_all(
                     _stage_pieces(placed, view, writer, stager, piece_bytes)
             if run:
                 _stage_run(run, writer, stager)
-    stager.finish()
 
 
 def _source(flat: FlatState, item: WriteItem) -> torch.Tensor:
@@ -371,7 +385,7 @@ def _marker(
     stats: PersistStats,
     block_bytes: int,
     blocking_s: float,
-    replicas: dict[int, list[str]],
+    replicas: dict[str, tuple[str, ...]],
 ) -> Marker:
     flat = agreed.flat
     chunks = tuple(
@@ -392,5 +406,5 @@ def _marker(
         local_tensors=local_tensors,
         timings={"blocking_s": blocking_s, "write_s": stats.write_s, "bytes": rank_plan.nbytes},
         tree=flat.tree if agreed.tree_differs else None,
-        replicas={i: tuple(h) for i, h in replicas.items()},
+        replicas=replicas,
     )

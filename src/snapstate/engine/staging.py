@@ -13,12 +13,12 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from snapstate.errors import CheckpointTimeoutError
+from snapstate.state.views import StagedBytes
 
 # Re-exported: engine/load.py and collective/loadshare.py import them from here.
 from snapstate.state.views import bits_view as bits_view
@@ -244,13 +244,6 @@ def _foreach_copy_cpu(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> Non
     finally:
         if threads > 1:
             torch.set_num_threads(threads)
-
-
-@dataclass
-class StagedBytes:
-    data: memoryview
-    release: Callable[[], None] | None  # give the buffer back once written
-    ready: Callable[[], None] | None  # wait for an asynchronous device copy
 
 
 class Stager:

@@ -57,7 +57,8 @@ class Marker:
     local_tensors: dict[str, LocalTensor] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
     tree: dict[str, Any] | None = None  # only when this rank's structure differs from rank 0's
-    replicas: dict[int, tuple[str, ...]] = field(default_factory=dict)  # group -> box hashes
+    # chunk name -> xxh3 blocks of this rank's copy of a chunk another rank wrote
+    replicas: dict[str, tuple[str, ...]] = field(default_factory=dict)
 
     def to_json(self) -> bytes:
         doc: dict[str, Any] = {
@@ -79,7 +80,7 @@ class Marker:
         if self.tree is not None:
             doc["tree"] = self.tree
         if self.replicas:
-            doc["replicas"] = {str(i): list(h) for i, h in self.replicas.items()}
+            doc["replicas"] = {name: list(h) for name, h in self.replicas.items()}
         return json.dumps(doc, separators=(",", ":"), allow_nan=False).encode()
 
 
@@ -129,8 +130,8 @@ def parse_marker(raw: bytes, file: str, rank: int | None = None) -> Marker:
         timings=check.mapping(doc.get("timings", {}), "timings"),
         tree=tree,
         replicas={
-            check.index(i): tuple(check.text(h, "replicas") for h in check.array(hs, "replicas"))
-            for i, hs in _items(check, doc, "replicas", optional=True)
+            name: tuple(check.text(h, name) for h in check.array(hs, name))
+            for name, hs in _items(check, doc, "replicas", optional=True)
         },
     )
 
@@ -167,12 +168,6 @@ class _Check:
         ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX
         self.require(ok, f"{value!r} is not an integer in [0, 2**63)"[:200], key)
         return value
-
-    def index(self, value: str) -> int:
-        self.require(
-            value.isdigit() and len(value) < 19, f"{value!r} is not a group index", "replicas"
-        )
-        return int(value)
 
     def ints(self, value: Any, key: str) -> tuple[int, ...]:
         return tuple(self.integer(x, key) for x in self.array(value, key))

@@ -42,6 +42,8 @@ class CacheEntry:
     digest: str
     plan: SavePlan
     extra: Any = None  # what else was derived from the same metadata (shared replicas)
+    witness: Any = None  # this rank's witness candidates (planning/replicas.py)
+    saves: int = 0  # saves that used this entry: the turn of rotating replica witnesses
 
 
 @dataclass(frozen=True)
@@ -86,6 +88,12 @@ class PlanCache:
     def hit(self) -> None:
         with self._lock:
             self.hits += 1
+
+    def turn(self, entry: CacheEntry) -> int:
+        """The number of saves before this one that used ``entry`` (same on every rank)."""
+        with self._lock:
+            entry.saves += 1
+            return entry.saves - 1
 
 
 def metas_digest(metas: list[ItemMeta], options: Any) -> str:

@@ -1,8 +1,9 @@
-"""Views of tensor memory (bytes, same-size integers, row pieces): pure, no copies, no I/O."""
+"""Views of tensor memory (bytes, same-size integers, row pieces, staged bytes): no copies, no I/O."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -43,3 +44,12 @@ def row_pieces(view: torch.Tensor, max_bytes: int) -> Iterator[tuple[int, torch.
     rows = max(1, max_bytes // max(row_bytes, 1))
     for start in range(0, view.shape[0], rows):
         yield start * row_bytes, view[start : start + rows]
+
+
+@dataclass
+class StagedBytes:
+    """Bytes ready to write or hash, and how to hand their buffer back."""
+
+    data: memoryview
+    release: Callable[[], None] | None  # give the buffer back once written
+    ready: Callable[[], None] | None  # wait for an asynchronous device copy
