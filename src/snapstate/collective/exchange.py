@@ -64,9 +64,15 @@ def tree_digest(tree: dict[str, Any]) -> str:
 
 
 def exchange_plan(
-    coord: Coordinator, local: Callable[[], tuple[FlatState, list[ItemMeta]]], options: PlanOptions
+    coord: Coordinator,
+    local: Callable[[], tuple[FlatState, list[ItemMeta]]],
+    options: PlanOptions,
+    timeout: float | None = None,
 ) -> AgreedPlan:
-    """Gather offers (and metadata when needed); every rank derives the same plan."""
+    """Gather offers (and metadata when needed); every rank derives the same plan.
+
+    ``timeout`` bounds each gather (see ``gather_or_raise``).
+    """
     cache = cache_for(coord)
     mine: list[tuple[FlatState, list[ItemMeta], CacheEntry | None]] = []
 
@@ -80,7 +86,7 @@ def exchange_plan(
             digest, token, None if token else metas, uuid.uuid4().hex, _tree_digest(cache, flat)
         )
 
-    offers = gather_or_raise(coord, offer)
+    offers = gather_or_raise(coord, offer, timeout)
     flat, metas, entry = mine[0]
     decision = decide(offers)
     if decision is Decision.REUSE:
@@ -90,7 +96,7 @@ def exchange_plan(
         if decision is Decision.PLAN:
             all_metas = [o.metas or [] for o in offers]
         else:
-            all_metas = gather_or_raise(coord, lambda: metas)
+            all_metas = gather_or_raise(coord, lambda: metas, timeout)
         plan = plan_save(all_metas, options)
         groups = replica_groups(all_metas)
         entry = CacheEntry(

@@ -144,7 +144,7 @@ class SaveJob:
             return flat, local_metas(self.coord, flat, _item_metas)
 
         started = time.perf_counter()
-        self.agreed = exchange_plan(self.coord, local, self.options.plan)
+        self.agreed = exchange_plan(self.coord, local, self.options.plan, self.options.timeout)
         self.timings["plan_s"] = time.perf_counter() - started
         self.timings["plan_cached"] = float(self.agreed.cached)
 
@@ -160,7 +160,7 @@ class SaveJob:
             if self.coord.rank == 0:
                 _clear_target(storage, overwrite)
 
-        gather_or_raise(self.coord, clear)
+        gather_or_raise(self.coord, clear, self.options.timeout)
 
     def stage(self) -> None:
         """Copy (async) or expose (blocking) this rank's chunks and hand them to the writer."""
