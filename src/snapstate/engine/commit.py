@@ -177,6 +177,7 @@ def finish_rank(
         markers = read_markers(storage, coord.world_size, own)
         # replicas that diverged: ReplicaMismatchError, no commit
         check_witnesses(markers)
+        check_files(storage, markers)
         manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
         storage.write_atomic(MANIFEST, manifest.to_json())
     except BaseException as exc:
@@ -189,6 +190,26 @@ def finish_rank(
         pass
     barrier.decide(OK, arrived, wait=timeout)  # return once every rank knows the outcome
     return time.perf_counter() - started
+
+
+def check_files(storage: Storage, markers: list[Marker]) -> None:
+    """Every shard the markers list is there, whole: else no commit (the root was deleted?).
+
+    A stat per file, just before the manifest: without it, a directory removed during an async
+    save would get a manifest whose shards are gone (the writes went to unlinked files).
+    """
+    for marker in markers:
+        for path, size in marker.files.items():
+            try:
+                found = storage.size(path)
+            except OSError:
+                found = None
+            if found != size:
+                what = "is missing" if found is None else f"has {found} bytes, not {size}"
+                raise CheckpointError(
+                    f"not committed: shard {storage.root}/{path} of rank {marker.rank} {what}"
+                    " (was the checkpoint directory deleted or changed during the save?)"
+                )
 
 
 def report_failure(coord: Coordinator, save_id: str, exc: BaseException) -> None:

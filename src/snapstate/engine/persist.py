@@ -13,11 +13,36 @@ import time
 from dataclasses import dataclass, field
 
 from snapstate.engine.staging import StagedBytes
+from snapstate.errors import CheckpointError, CheckpointIOError
 from snapstate.format.integrity import BlockHasher
 from snapstate.planning.items import PlacedItem, RankPlan
 from snapstate.storage.base import FileWriter, Storage
 
 _STOP = object()
+_io_errors: dict[type[OSError], type[CheckpointIOError]] = {}
+
+
+def as_checkpoint_error(exc: BaseException, root: str) -> BaseException:
+    """An OSError of a save as a CheckpointIOError of the same kind (errno and path kept).
+
+    Other exceptions, and OSErrors that already are CheckpointErrors, come back unchanged.
+    """
+    if not isinstance(exc, OSError) or isinstance(exc, CheckpointError):
+        return exc
+    kind = type(exc)
+    cls = _io_errors.get(kind)
+    if cls is None:
+        builtin = kind.__module__ == "builtins" and kind is not OSError
+        cls = (
+            type(f"Checkpoint{kind.__name__}", (CheckpointIOError, kind), {})
+            if builtin
+            else CheckpointIOError
+        )
+        _io_errors[kind] = cls
+    reason = exc.strerror or str(exc)
+    err = cls(exc.errno, f"{reason} (saving {root})", exc.filename)
+    err.__cause__ = exc
+    return err
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from snapstate.engine.commit import (
     write_marker,
 )
 from snapstate.engine.handle import SaveHandle, SaveResult
-from snapstate.engine.persist import PersistStats, RankWriter
+from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
 from snapstate.engine.staging import (
     DEFAULT_SLAB_BYTES,
     SMALL_CHUNK_BYTES,
@@ -120,20 +120,26 @@ class SaveJob:
 
     def run(self) -> SaveHandle:
         """The foreground steps; a blocking save also persists and commits before returning."""
-        self.agree()
-        self.clear_target()
-        started = time.perf_counter()
-        self.timings["clear_s"] = started - self.started - self.timings["plan_s"]
-        self.stage()
-        self.timings["stage_s"] = time.perf_counter() - started
-        if self.mode is SaveMode.BLOCKING:
-            return SaveHandle(result=self.finish())
+        try:
+            self.agree()
+            self.clear_target()
+            started = time.perf_counter()
+            self.timings["clear_s"] = started - self.started - self.timings["plan_s"]
+            self.stage()
+            self.timings["stage_s"] = time.perf_counter() - started
+            if self.mode is SaveMode.BLOCKING:
+                return SaveHandle(result=self.finish())
+        except OSError as exc:
+            raise as_checkpoint_error(exc, self.storage.root) from exc
         return SaveHandle(run=self.finish)
 
     def finish(self) -> SaveResult:
         """The steps after staging: in the background of an async save."""
-        self.persist()
-        return self.commit()
+        try:
+            self.persist()
+            return self.commit()
+        except OSError as exc:  # disk full, read-only...: a CheckpointError, errno and path kept
+            raise as_checkpoint_error(exc, self.storage.root) from exc
 
     # -- steps -------------------------------------------------------------------------
     def agree(self) -> None:
