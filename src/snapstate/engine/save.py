@@ -361,7 +361,7 @@ def _source(flat: FlatState, item: WriteItem) -> torch.Tensor:
     t = tensors[item.key]
     # the common case, a whole plain tensor: no slicing (a view per tensor costs microseconds)
     if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
-        if item.box.sizes == tuple(t.shape) and not any(item.box.offsets):
+        if t.shape == item.box.sizes and not any(item.box.offsets):
             return t
     return source_view(t, item.box)
 
