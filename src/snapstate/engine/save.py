@@ -345,7 +345,9 @@ def _stage_all(
             for placed in file.items:
                 view = _source(flat, placed.item)
                 small = 0 < placed.item.nbytes <= SMALL_CHUNK_BYTES and stager.batchable(view)
-                if run and not (small and placed.end - run[0][0].start <= piece_bytes):
+                # a run holds chunks of one device, within one piece's bytes
+                joins = small and run and view.device == run[0][1].device
+                if run and not (joins and placed.end - run[0][0].start <= piece_bytes):
                     _stage_run(run, writer, stager)
                     run = []
                 if small:

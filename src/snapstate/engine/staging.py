@@ -319,7 +319,8 @@ class Stager:
         with torch.cuda.stream(self.stream):
             torch._foreach_copy_(dsts, views, non_blocking=True)
             for v in views:
-                v.record_stream(self.stream)
+                if v.is_cuda:
+                    v.record_stream(self.stream)
             event = torch.cuda.Event()
             event.record(self.stream)
         data = slab.bytes[start : start + nbytes]
