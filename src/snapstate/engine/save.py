@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -340,22 +341,63 @@ def _stage_all(
 ) -> None:
     """Stage every chunk of the plan: small ones in runs (one batched copy), large in pieces."""
     with torch.no_grad():
-        for file in rank_plan.files:
-            run: list[tuple[PlacedItem, torch.Tensor]] = []
-            for placed in file.items:
-                view = _source(flat, placed.item)
-                small = 0 < placed.item.nbytes <= SMALL_CHUNK_BYTES and stager.batchable(view)
-                # a run holds chunks of one device, within one piece's bytes
-                joins = small and run and view.device == run[0][1].device
-                if run and not (joins and placed.end - run[0][0].start <= piece_bytes):
-                    _stage_run(run, writer, stager)
-                    run = []
-                if small:
-                    run.append((placed, view))
+        for group in _groups(rank_plan, piece_bytes):
+            views = [_source(flat, p.item) for p in group]
+            if len(group) > 1 and _one_run(views, stager):
+                _stage_run(list(zip(group, views)), writer, stager)
+                continue
+            for placed, view in zip(group, views):
+                if 0 < placed.item.nbytes <= SMALL_CHUNK_BYTES and stager.batchable(view):
+                    _stage_run([(placed, view)], writer, stager)
                 else:
                     _stage_pieces(placed, view, writer, stager, piece_bytes)
-            if run:
-                _stage_run(run, writer, stager)
+
+
+# rank plan id -> (the plan, {piece_bytes: its groups}); the plan is held so the id stays its own
+_group_cache: dict[int, tuple[RankPlan, dict[int, list[tuple[PlacedItem, ...]]]]] = {}
+_group_lock = threading.Lock()
+
+
+def _groups(rank_plan: RankPlan, piece_bytes: int) -> list[tuple[PlacedItem, ...]]:
+    """The plan's chunks in the order of their files, consecutive small ones grouped.
+
+    A group of several chunks is staged as one run when its tensors allow it (``_one_run``).
+    Built once per plan: a cached plan is staged without per-chunk planning work.
+    """
+    with _group_lock:
+        known = _group_cache.get(id(rank_plan))
+        if known is None or known[0] is not rank_plan:
+            if len(_group_cache) >= 8:  # plans of earlier structures
+                _group_cache.clear()
+            known = _group_cache[id(rank_plan)] = (rank_plan, {})
+        groups = known[1].get(piece_bytes)
+        if groups is None:
+            groups = known[1][piece_bytes] = _make_groups(rank_plan, piece_bytes)
+        return groups
+
+
+def _make_groups(rank_plan: RankPlan, piece_bytes: int) -> list[tuple[PlacedItem, ...]]:
+    groups: list[tuple[PlacedItem, ...]] = []
+    for file in rank_plan.files:
+        run: list[PlacedItem] = []
+        for placed in file.items:
+            small = 0 < placed.item.nbytes <= SMALL_CHUNK_BYTES
+            if run and not (small and placed.end - run[0].start <= piece_bytes):
+                groups.append(tuple(run))
+                run = []
+            if small:
+                run.append(placed)
+            else:
+                groups.append((placed,))
+        if run:
+            groups.append(tuple(run))
+    return groups
+
+
+def _one_run(views: list[torch.Tensor], stager: Stager) -> bool:
+    """Whether these tensors can be copied by one batched copy (same device, plain memory)."""
+    device = views[0].device
+    return all(v.device == device and stager.batchable(v) for v in views)
 
 
 def _source(flat: FlatState, item: WriteItem) -> torch.Tensor:
