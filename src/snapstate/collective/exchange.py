@@ -97,15 +97,7 @@ def exchange_plan(
             all_metas = [o.metas or [] for o in offers]
         else:
             all_metas = gather_or_raise(coord, lambda: metas, timeout)
-        plan = plan_save(all_metas, options)
-        groups = replica_groups(all_metas)
-        entry = CacheEntry(
-            combined_token(offers),
-            offers[coord.rank].digest,
-            plan,
-            groups,
-            witness_candidates(plan.items, groups, coord.rank),
-        )
+        entry = _new_entry(coord.rank, offers, all_metas, options)
         cache.store(entry)
     return AgreedPlan(
         flat,
@@ -116,6 +108,21 @@ def exchange_plan(
         decision is Decision.REUSE,
         entry.witness,
         cache.turn(entry),
+    )
+
+
+def _new_entry(
+    rank: int, offers: list[Offer], all_metas: list[list[ItemMeta]], options: PlanOptions
+) -> CacheEntry:
+    """Plan from every rank's metadata, with what this rank derives from the same plan."""
+    plan = plan_save(all_metas, options)
+    groups = replica_groups(all_metas)
+    return CacheEntry(
+        combined_token(offers),
+        offers[rank].digest,
+        plan,
+        groups,
+        witness_candidates(plan.items, groups, rank),
     )
 
 
