@@ -347,7 +347,8 @@ def _stage_all(
                 _stage_run(list(zip(group, views)), writer, stager)
                 continue
             for placed, view in zip(group, views):
-                if 0 < placed.item.nbytes <= SMALL_CHUNK_BYTES and stager.batchable(view):
+                small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
+                if small and stager.batchable(view):
                     _stage_run([(placed, view)], writer, stager)
                 else:
                     _stage_pieces(placed, view, writer, stager, piece_bytes)
@@ -381,7 +382,7 @@ def _make_groups(rank_plan: RankPlan, piece_bytes: int) -> list[tuple[PlacedItem
     for file in rank_plan.files:
         run: list[PlacedItem] = []
         for placed in file.items:
-            small = 0 < placed.item.nbytes <= SMALL_CHUNK_BYTES
+            small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
             if run and not (small and placed.end - run[0].start <= piece_bytes):
                 groups.append(tuple(run))
                 run = []
