@@ -10,6 +10,7 @@ from snapstate.engine.verify import VerifyReport
 from snapstate.errors import (
     CheckpointError,
     CheckpointExistsError,
+    CheckpointIOError,
     CheckpointLockedError,
     CheckpointNotFoundError,
     CheckpointTimeoutError,
@@ -28,6 +29,7 @@ from snapstate.state.stateful import RankLocal, Stateful
 __all__ = [
     "CheckpointError",
     "CheckpointExistsError",
+    "CheckpointIOError",
     "CheckpointLockedError",
     "CheckpointManager",
     "CheckpointNotFoundError",

@@ -10,6 +10,7 @@ Every error snapstate raises on purpose derives from ``CheckpointError``, so one
      ├── IncompatibleStateError (also ValueError)           target state does not match the checkpoint
      ├── ReplicaMismatchError (also ValueError)             replicas of a tensor differ across ranks at save
      ├── CheckpointTimeoutError (also TimeoutError)         a rank did not arrive in time
+     ├── CheckpointIOError (also OSError, errno kept)       the OS refused a file (disk full, read-only)
      ├── CheckpointExistsError (also FileExistsError)       refusing to overwrite a committed checkpoint
      ├── CheckpointLockedError                              another manager holds the root
      └── CheckpointWorkerError                              an error raised on another rank, with its traceback
@@ -25,6 +26,14 @@ from dataclasses import dataclass, field
 
 class CheckpointError(Exception):
     """Root of every snapstate error."""
+
+
+class CheckpointIOError(CheckpointError, OSError):
+    """The operating system refused a checkpoint's file (disk full, read-only, I/O error).
+
+    Keeps ``errno`` and ``filename``; raised as a subclass of the original OSError's own type
+    too (PermissionError...), so code that caught those still does.
+    """
 
 
 class CheckpointNotFoundError(CheckpointError, FileNotFoundError):

@@ -22,6 +22,7 @@ import click
 from snapstate.engine.commit import assemble_manifest, marker_chunk
 from snapstate.format.integrity import block_count
 from snapstate.format.manifest import parse_manifest
+from snapstate.format.marker import Marker
 from snapstate.planning.items import Box, ItemMeta, Placement
 from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
 from snapstate.planning.replicas import replica_groups
@@ -298,14 +299,12 @@ def _manifest(plan: SavePlan, block_bytes: int) -> tuple[int, int, float, float]
         ]
         chunks += len(items)
         markers.append(
-            {
-                "rank": rank_plan.rank,
-                "files": {f.path: f.size for f in rank_plan.files},
-                "chunks": items,
-                "kinds": {},
-                "rank_local": {"trees": {}, "tensors": {}},
-                "timings": {},
-            }
+            Marker(
+                rank=rank_plan.rank,
+                files={f.path: f.size for f in rank_plan.files},
+                chunks=tuple(items),
+                kinds={},
+            )
         )
     raw = assemble_manifest(plan, markers, {"d": []}, 0, {}).to_json()
     built = time.perf_counter() - started

@@ -93,8 +93,13 @@ class LocalCoordinator:
                 self._store.pop(k, None)
 
 
-def gather_or_raise(coord: Coordinator, work: Callable[[], T]) -> list[T]:
+def gather_or_raise(
+    coord: Coordinator, work: Callable[[], T], timeout: float | None = None
+) -> list[T]:
     """Run ``work`` here, gather every rank's result; any rank's error is raised on all.
+
+    ``timeout`` bounds the wait for the other ranks where the coordinator supports it (a
+    torch.distributed one does): CheckpointTimeoutError rather than the group's own timeout.
 
     The rank that failed raises its own exception (its type is what callers expect, e.g.
     IncompatibleStateError); the other ranks raise CheckpointWorkerError naming it.
@@ -107,13 +112,21 @@ def gather_or_raise(coord: Coordinator, work: Callable[[], T]) -> list[T]:
         outcome = ("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc()))
     if coord.world_size == 1 and mine is not None:
         raise mine
-    gathered = coord.all_gather(outcome)
+    gathered = _all_gather(coord, outcome, timeout)
     if mine is not None:
         raise mine
     failures = [RankFailure(r, o[1][0], o[1][1]) for r, o in enumerate(gathered) if o[0] == "error"]
     if failures:
         raise CheckpointWorkerError(failures)
     return [o[1] for o in gathered]
+
+
+def _all_gather(coord: Coordinator, obj: Any, timeout: float | None) -> list[Any]:
+    if timeout is not None and coord.world_size > 1:
+        bounded = getattr(coord, "all_gather_within", None)
+        if bounded is not None:
+            return bounded(obj, timeout)  # type: ignore[no-any-return]
+    return coord.all_gather(obj)
 
 
 _default: Coordinator | None = None

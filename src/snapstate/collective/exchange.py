@@ -6,15 +6,17 @@ import json
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import torch
 import xxhash
 
 from snapstate.collective.coordinator import Coordinator, gather_or_raise
 from snapstate.planning.cache import (
     CacheEntry,
     Decision,
+    LocalStructure,
     Offer,
     PlanCache,
     combined_token,
@@ -23,7 +25,12 @@ from snapstate.planning.cache import (
 )
 from snapstate.planning.items import ItemMeta
 from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
-from snapstate.planning.replicas import ReplicaGroup, replica_groups
+from snapstate.planning.replicas import (
+    ReplicaGroup,
+    WitnessItem,
+    replica_groups,
+    witness_candidates,
+)
 from snapstate.state.flatten import FlatState
 
 _caches: weakref.WeakKeyDictionary[Any, PlanCache] = weakref.WeakKeyDictionary()
@@ -39,6 +46,8 @@ class AgreedPlan:
     replicas: list[ReplicaGroup]
     tree_differs: bool  # this rank's structure differs from rank 0's (its marker carries it)
     cached: bool
+    witness: list[WitnessItem] = field(default_factory=list)  # chunks this rank may witness
+    turn: int = 0  # saves before this one with the same plan (rotates the witnesses)
 
 
 def cache_for(coord: Coordinator) -> PlanCache:
@@ -55,38 +64,41 @@ def tree_digest(tree: dict[str, Any]) -> str:
 
 
 def exchange_plan(
-    coord: Coordinator, local: Callable[[], tuple[FlatState, list[ItemMeta]]], options: PlanOptions
+    coord: Coordinator,
+    local: Callable[[], tuple[FlatState, list[ItemMeta]]],
+    options: PlanOptions,
+    timeout: float | None = None,
 ) -> AgreedPlan:
-    """Gather offers (and metadata when needed); every rank derives the same plan."""
+    """Gather offers (and metadata when needed); every rank derives the same plan.
+
+    ``timeout`` bounds each gather (see ``gather_or_raise``).
+    """
     cache = cache_for(coord)
-    mine: list[tuple[FlatState, list[ItemMeta]]] = []
+    mine: list[tuple[FlatState, list[ItemMeta], CacheEntry | None]] = []
 
     def offer() -> Offer:
         flat, metas = local()
-        mine.append((flat, metas))
-        digest = metas_digest(metas, (options, coord.world_size))
-        token = cache.token_for(digest)
+        digest = _digest(cache, metas, (options, coord.world_size))
+        entry = cache.snapshot(digest)  # this save's view of the cache, see PlanCache
+        mine.append((flat, metas, entry))
+        token = entry.token if entry is not None else None
         return Offer(
-            digest, token, None if token else metas, uuid.uuid4().hex, tree_digest(flat.tree)
+            digest, token, None if token else metas, uuid.uuid4().hex, _tree_digest(cache, flat)
         )
 
-    offers = gather_or_raise(coord, offer)
-    flat, metas = mine[0]
+    offers = gather_or_raise(coord, offer, timeout)
+    flat, metas, entry = mine[0]
     decision = decide(offers)
     if decision is Decision.REUSE:
-        assert cache.entry is not None
-        cache.hits += 1
-        entry = cache.entry
+        assert entry is not None
+        cache.hit()
     else:
         if decision is Decision.PLAN:
             all_metas = [o.metas or [] for o in offers]
         else:
-            all_metas = gather_or_raise(coord, lambda: metas)
-        plan = plan_save(all_metas, options)
-        entry = CacheEntry(
-            combined_token(offers), offers[coord.rank].digest, plan, replica_groups(all_metas)
-        )
-        cache.entry = entry
+            all_metas = gather_or_raise(coord, lambda: metas, timeout)
+        entry = _new_entry(coord.rank, offers, all_metas, options)
+        cache.store(entry)
     return AgreedPlan(
         flat,
         entry.plan,
@@ -94,4 +106,72 @@ def exchange_plan(
         entry.extra,
         offers[coord.rank].tree_digest != offers[0].tree_digest,
         decision is Decision.REUSE,
+        entry.witness,
+        cache.turn(entry),
     )
+
+
+def _new_entry(
+    rank: int, offers: list[Offer], all_metas: list[list[ItemMeta]], options: PlanOptions
+) -> CacheEntry:
+    """Plan from every rank's metadata, with what this rank derives from the same plan."""
+    plan = plan_save(all_metas, options)
+    groups = replica_groups(all_metas)
+    return CacheEntry(
+        combined_token(offers),
+        offers[rank].digest,
+        plan,
+        groups,
+        witness_candidates(plan.items, groups, rank),
+    )
+
+
+def local_metas(
+    coord: Coordinator, flat: FlatState, compute: Callable[[FlatState], list[ItemMeta]]
+) -> list[ItemMeta]:
+    """This rank's item metadata: the last save's list while the structure is unchanged.
+
+    The check (``structure_key``) costs a tuple per tensor; the metadata and its digest cost
+    several times that, and an unchanged list also reuses its digest (``_digest``).
+    """
+    cache = cache_for(coord)
+    key = structure_key(flat)
+    known = cache.local
+    if key is not None and known is not None and known.key == key:
+        return known.metas
+    metas = compute(flat)
+    if key is not None:
+        cache.local = LocalStructure(key, metas, "", None)
+    return metas
+
+
+def structure_key(flat: FlatState) -> tuple[Any, ...] | None:
+    """What item metadata depends on, for plain tensors; None (never cached) for others."""
+    parts: list[Any] = []
+    for tensors in (flat.tensors, flat.rank_local_tensors):
+        for k, t in tensors.items():
+            if type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter:
+                return None  # a DTensor's boxes depend on its mesh and placements
+            parts.append((k, t.dtype, t.shape, t.device))
+        parts.append(None)  # separates the two dicts
+    return (tuple(parts), frozenset(flat.rank0_keys))
+
+
+def _digest(cache: PlanCache, metas: list[ItemMeta], options: Any) -> str:
+    known = cache.local
+    if known is not None and known.metas is metas and known.digest and known.digest_of == options:
+        return known.digest
+    digest = metas_digest(metas, options)
+    if known is not None and known.metas is metas:
+        cache.local = replace(known, digest=digest, digest_of=options)
+    return digest
+
+
+def _tree_digest(cache: PlanCache, flat: FlatState) -> str:
+    known = cache.local
+    if known is not None and known.tree_digest and known.tree == flat.tree:
+        return known.tree_digest
+    digest = tree_digest(flat.tree)
+    if known is not None:
+        cache.local = replace(known, tree=flat.tree, tree_digest=digest)
+    return digest

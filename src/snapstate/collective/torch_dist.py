@@ -10,11 +10,14 @@ long wait never holds the connection the main thread uses.
 
 from __future__ import annotations
 
+import pickle
 import threading
 import time
 import weakref
+from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from snapstate.collective.coordinator import KeysTimeoutError
@@ -61,22 +64,62 @@ class TorchDistCoordinator:
         return coord
 
     # -- foreground collectives ---------------------------------------------------
-    def all_gather(self, obj: Any) -> list[Any]:
+    def all_gather(self, obj: Any, timeout: float | None = None) -> list[Any]:
+        """Every rank's ``obj``; with ``timeout``, CheckpointTimeoutError once it has passed.
+
+        Without a bound a rank that never joins (stopped, hung) would hold the others for the
+        process group's own timeout, 30 minutes by default.
+        """
         if threading.current_thread().name.startswith(BACKGROUND_THREAD_PREFIX):
             raise RuntimeError(
                 "snapstate never runs a collective on the training process group from a background thread"
             )
-        out: list[Any] = [None] * self.world_size
+        deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            dist.all_gather_object(out, obj, group=self.group)
-        except (
-            dist.DistError,
-            RuntimeError,
-        ) as exc:  # gloo: "Connection closed by peer" when a rank died
+            if deadline is None:
+                out: list[Any] = [None] * self.world_size
+                dist.all_gather_object(out, obj, group=self.group)
+                return out
+            return self._gather_within(obj, deadline)
+        except CheckpointTimeoutError:
+            raise
+        except (dist.DistError, RuntimeError) as exc:
+            # gloo: "Connection closed by peer" when a rank died, "timed out" past the bound
+            late = deadline is not None and time.monotonic() >= deadline
+            why = f"within {timeout:g}s" if late else f"({exc})"
             raise CheckpointTimeoutError(
-                f"the other ranks did not all take part in the collective ({exc}); a rank may have died"
+                f"the other ranks did not all take part in the collective {why}; a rank may have died or stopped"
             ) from exc
-        return out
+
+    def all_gather_within(self, obj: Any, timeout: float) -> list[Any]:
+        return self.all_gather(obj, timeout)
+
+    def _gather_within(self, obj: Any, deadline: float) -> list[Any]:
+        """``all_gather_object`` as two bounded all_gathers: the sizes, then the bytes."""
+        device = self._device()
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
+        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(sizes, size, group=self.group, async_op=True), deadline)
+        longest = int(max(int(s.item()) for s in sizes))
+        padded = torch.zeros(longest, dtype=torch.uint8, device=device)
+        padded[: data.numel()] = data
+        out = [torch.empty_like(padded) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(out, padded, group=self.group, async_op=True), deadline)
+        # the process group's own ranks only: what all_gather_object itself unpickles
+        return [
+            pickle.loads(o[: int(n.item())].cpu().numpy().tobytes())  # noqa: S301
+            for o, n in zip(out, sizes)
+        ]
+
+    def _wait(self, work: Any, deadline: float) -> None:
+        left = max(0.001, deadline - time.monotonic())
+        work.wait(timeout=timedelta(seconds=left))
+
+    def _device(self) -> torch.device:
+        if self.backend == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     # -- store: safe from any thread ----------------------------------------------
     def publish(self, key: str, value: str) -> None:

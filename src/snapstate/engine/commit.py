@@ -8,7 +8,6 @@ a missing or failed rank means no manifest and an error on every rank.
 from __future__ import annotations
 
 import datetime as _dt
-import json
 import platform
 import time
 from typing import Any
@@ -18,7 +17,7 @@ import torch
 from snapstate._version import __version__
 from snapstate.collective.barrier import OK, StoreBarrier, describe, raise_for
 from snapstate.collective.coordinator import Coordinator
-from snapstate.collective.replica_check import check_markers
+from snapstate.collective.replica_check import check_witnesses
 from snapstate.errors import CheckpointError
 from snapstate.format.manifest import (
     MANIFEST,
@@ -28,9 +27,9 @@ from snapstate.format.manifest import (
     RankLocalRecord,
     TensorRecord,
 )
+from snapstate.format.marker import Marker, MarkerChunk, parse_marker
 from snapstate.planning.items import ItemMeta, PlacedItem
 from snapstate.planning.layout import SavePlan
-from snapstate.planning.replicas import ReplicaGroup
 from snapstate.planning.trees import merge_trees
 from snapstate.storage.base import Storage
 
@@ -41,74 +40,81 @@ def marker_path(rank: int) -> str:
     return f"{MARKERS}/r{rank:05d}.json"
 
 
-def marker_chunk(p: PlacedItem, block_bytes: int, xxh3: list[str]) -> dict[str, Any]:
+def marker_chunk(p: PlacedItem, block_bytes: int, xxh3: list[str]) -> MarkerChunk:
     """How a rank's marker reports one chunk it wrote."""
-    return {
-        "key": p.item.key,
-        "placement": p.item.placement.value,
-        "file": p.file,
-        "name": p.item.name,
-        "start": p.start,
-        "end": p.end,
-        "offsets": list(p.item.box.offsets),
-        "sizes": list(p.item.box.sizes),
-        "block_bytes": block_bytes,
-        "xxh3": xxh3,
-    }
+    return MarkerChunk(
+        key=p.item.key,
+        placement=p.item.placement.value,
+        file=p.file,
+        name=p.item.name,
+        start=p.start,
+        end=p.end,
+        offsets=tuple(p.item.box.offsets),
+        sizes=tuple(p.item.box.sizes),
+        block_bytes=block_bytes,
+        xxh3=tuple(xxh3),
+    )
 
 
-def write_marker(storage: Storage, rank: int, marker: dict[str, Any]) -> None:
-    storage.write_atomic(marker_path(rank), json.dumps(marker, separators=(",", ":")).encode())
+def write_marker(storage: Storage, rank: int, marker: Marker) -> None:
+    storage.write_atomic(marker_path(rank), marker.to_json())
 
 
-def read_markers(storage: Storage, world_size: int) -> list[dict[str, Any]]:
-    return [json.loads(storage.read_bytes(marker_path(r))) for r in range(world_size)]
+def read_markers(storage: Storage, world_size: int, own: Marker | None = None) -> list[Marker]:
+    """Every rank's marker, validated (CorruptCheckpointError naming the marker otherwise).
+
+    ``own`` is the reading rank's marker, still in memory: its file need not be parsed.
+    """
+    markers = []
+    for r in range(world_size):
+        if own is not None and own.rank == r:
+            markers.append(own)
+            continue
+        path = marker_path(r)
+        markers.append(parse_marker(storage.read_bytes(path), f"{storage.root}/{path}", r))
+    return markers
 
 
 def assemble_manifest(
     plan: SavePlan,
-    markers: list[dict[str, Any]],
+    markers: list[Marker],
     tree: dict[str, Any],
     step: int | None,
     timings: dict[str, Any],
 ) -> Manifest:
     """Pure: the manifest from the plan and what every rank reported."""
     # ranks whose structure differs
-    tree = merge_trees(tree, [m["tree"] for m in markers if "tree" in m])
+    tree = merge_trees(tree, [m.tree for m in markers if m.tree is not None])
     tensors = {
-        key: _record(meta, markers[0]["kinds"].get(key, "tensor"))
-        for key, meta in plan.metas.items()
+        key: _record(meta, markers[0].kinds.get(key, "tensor")) for key, meta in plan.metas.items()
     }
     rank_local: dict[int, RankLocalRecord] = {}
     files: dict[str, FileRecord] = {}
     for marker in markers:
-        rank = marker["rank"]
-        local = RankLocalRecord(marker["rank_local"]["trees"], {})
-        for key, info in marker["rank_local"]["tensors"].items():
+        local = RankLocalRecord(marker.local_trees, {})
+        for key, info in marker.local_tensors.items():
             local.tensors[key] = TensorRecord(
-                info["dtype"], info["shape"], info["kind"], "rank_local", []
+                info.dtype, list(info.shape), info.kind, "rank_local", []
             )
-        for path, size in marker["files"].items():
-            files[path] = FileRecord(size, rank)
-        for c in marker["chunks"]:
+        for path, size in marker.files.items():
+            files[path] = FileRecord(size, marker.rank)
+        for c in marker.chunks:
             record = ChunkRecord(
-                c["offsets"],
-                c["sizes"],
-                c["file"],
-                c["name"],
-                c["start"],
-                c["end"],
-                c["block_bytes"],
-                c["xxh3"],
+                list(c.offsets),
+                list(c.sizes),
+                c.file,
+                c.name,
+                c.start,
+                c.end,
+                c.block_bytes,
+                list(c.xxh3),
             )
-            (local.tensors if c["placement"] == "rank_local" else tensors)[c["key"]].chunks.append(
-                record
-            )
+            (local.tensors if c.placement == "rank_local" else tensors)[c.key].chunks.append(record)
         if local.trees or local.tensors:
-            rank_local[rank] = local
+            rank_local[marker.rank] = local
     for rec in [*tensors.values(), *(t for r in rank_local.values() for t in r.tensors.values())]:
         rec.chunks.sort(key=lambda c: c.offsets)
-    per_rank = [sum(m["files"].values()) for m in markers]
+    per_rank = [sum(m.files.values()) for m in markers]
     return Manifest(
         tree=tree,
         tensors=tensors,
@@ -120,11 +126,11 @@ def assemble_manifest(
         versions=_versions(),
         totals={
             "bytes": sum(per_rank),
-            "tensor_bytes": sum(c["end"] - c["start"] for m in markers for c in m["chunks"]),
+            "tensor_bytes": sum(c.end - c.start for m in markers for c in m.chunks),
             "bytes_per_rank": per_rank,
             "files": len(files),
         },
-        timings={**timings, "per_rank": [m["timings"] for m in markers]},
+        timings={**timings, "per_rank": [m.timings for m in markers]},
     )
 
 
@@ -148,7 +154,7 @@ def finish_rank(
     tree: dict[str, Any],
     step: int | None,
     timeout: float,
-    replicas: list[ReplicaGroup] | None = None,
+    own: Marker | None = None,
 ) -> float:
     """After this rank's marker is written: arrive, then commit (coordinator) or wait for the commit.
 
@@ -168,9 +174,10 @@ def finish_rank(
         failed = [f"rank {r}: {o}" for r, o in arrived.items() if o != OK]
         if failed:
             raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
-        markers = read_markers(storage, coord.world_size)
+        markers = read_markers(storage, coord.world_size, own)
         # replicas that diverged: ReplicaMismatchError, no commit
-        check_markers(replicas or [], markers)
+        check_witnesses(markers)
+        check_files(storage, markers)
         manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
         storage.write_atomic(MANIFEST, manifest.to_json())
     except BaseException as exc:
@@ -183,6 +190,26 @@ def finish_rank(
         pass
     barrier.decide(OK, arrived, wait=timeout)  # return once every rank knows the outcome
     return time.perf_counter() - started
+
+
+def check_files(storage: Storage, markers: list[Marker]) -> None:
+    """Every shard the markers list is there, whole: else no commit (the root was deleted?).
+
+    A stat per file, just before the manifest: without it, a directory removed during an async
+    save would get a manifest whose shards are gone (the writes went to unlinked files).
+    """
+    for marker in markers:
+        for path, size in marker.files.items():
+            try:
+                found = storage.size(path)
+            except OSError:
+                found = None
+            if found != size:
+                what = "is missing" if found is None else f"has {found} bytes, not {size}"
+                raise CheckpointError(
+                    f"not committed: shard {storage.root}/{path} of rank {marker.rank} {what}"
+                    " (was the checkpoint directory deleted or changed during the save?)"
+                )
 
 
 def report_failure(coord: Coordinator, save_id: str, exc: BaseException) -> None:

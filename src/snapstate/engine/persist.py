@@ -13,11 +13,50 @@ import time
 from dataclasses import dataclass, field
 
 from snapstate.engine.staging import StagedBytes
+from snapstate.errors import CheckpointError, CheckpointIOError
 from snapstate.format.integrity import BlockHasher
 from snapstate.planning.items import PlacedItem, RankPlan
 from snapstate.storage.base import FileWriter, Storage
 
 _STOP = object()
+_io_errors: dict[type[OSError], type[CheckpointIOError]] = {}
+
+
+def as_checkpoint_error(exc: BaseException, root: str) -> BaseException:
+    """An OSError of a save as a CheckpointIOError of the same kind (errno and path kept).
+
+    Other exceptions, and OSErrors that already are CheckpointErrors, come back unchanged.
+    """
+    if not isinstance(exc, OSError) or isinstance(exc, CheckpointError):
+        return exc
+    kind = type(exc)
+    cls = _io_errors.get(kind)
+    if cls is None:
+        builtin = kind.__module__ == "builtins" and kind is not OSError
+        cls = (
+            type(f"Checkpoint{kind.__name__}", (CheckpointIOError, kind), {})
+            if builtin
+            else CheckpointIOError
+        )
+        _io_errors[kind] = cls
+    reason = exc.strerror or str(exc)
+    err = cls(exc.errno, f"{reason} (saving {root})", exc.filename)
+    err.__cause__ = exc
+    return err
+
+
+@dataclass(frozen=True)
+class _Job:
+    """Bytes to write at ``at`` in ``file``, and the chunks (or parts of chunks) they hold.
+
+    ``parts`` lists (chunk, first byte, end byte in ``staged.data``, last part of the chunk):
+    one part for a piece of a large chunk, several for a run of small chunks staged together.
+    """
+
+    file: str
+    at: int
+    staged: StagedBytes
+    parts: tuple[tuple[PlacedItem, int, int, bool], ...]
 
 
 @dataclass
@@ -42,7 +81,7 @@ class RankWriter:
         self.storage = storage
         # An async save holds its pieces until staging ends (``flush``): on a few cores the
         # writer's copies and hashing would slow the staging copies that training waits for.
-        self._held: list[tuple[PlacedItem, int, StagedBytes, bool]] | None = [] if hold else None
+        self._held: list[_Job] | None = [] if hold else None
         self.block_bytes = block_bytes
         self.stats = PersistStats()
         self.error: BaseException | None = None
@@ -86,14 +125,25 @@ class RankWriter:
     def submit(
         self, placed: PlacedItem, offset_in_chunk: int, staged: StagedBytes, last: bool
     ) -> None:
+        """One piece of a chunk, ``offset_in_chunk`` bytes into it (pieces come in order)."""
+        parts = ((placed, 0, len(staged.data), last),)
+        self._put(_Job(placed.file, placed.start + offset_in_chunk, staged, parts))
+
+    def submit_run(self, run: list[PlacedItem], staged: StagedBytes) -> None:
+        """Whole consecutive chunks of one file, staged together as the bytes of their range."""
+        base = run[0].start
+        parts = tuple((p, p.start - base, p.end - base, True) for p in run)
+        self._put(_Job(run[0].file, base, staged, parts))
+
+    def _put(self, job: _Job) -> None:
         if self.error is not None:
-            if staged.release:
-                staged.release()
+            if job.staged.release:
+                job.staged.release()
             raise self.error
         if self._held is not None:
-            self._held.append((placed, offset_in_chunk, staged, last))
+            self._held.append(job)
             return
-        self._queues[self._owner[placed.file]].put((placed, offset_in_chunk, staged, last))
+        self._queues[self._owner[job.file]].put(job)
 
     def flush(self) -> None:
         """Hand the held pieces to the writer threads; from now on pieces go straight to them."""
@@ -101,7 +151,7 @@ class RankWriter:
             return
         held, self._held = self._held, None
         for job in held:
-            self._queues[self._owner[job[0].file]].put(job)
+            self._queues[self._owner[job.file]].put(job)
         self._start()  # only now: no writer thread competes with staging for a core
 
     def _start(self) -> None:
@@ -133,9 +183,9 @@ class RankWriter:
     def abort(self) -> None:
         self._aborted = True  # queued pieces are dropped, not written
         held, self._held = self._held or [], None
-        for _, _, staged, _ in held:  # never written: give their buffers back
-            if staged.release:
-                staged.release()
+        for job in held:  # never written: give their buffers back
+            if job.staged.release:
+                job.staged.release()
         for q in self._queues:  # threads drain (releasing staged buffers) and exit
             q.put(_STOP)
         for t in self._threads:  # before closing: no thread may write to a closed (reused) fd
@@ -150,10 +200,9 @@ class RankWriter:
             if job is _STOP:
                 hashes.put(_STOP)
                 return
-            placed, offset, staged, last = job
             try:
                 if self.error is None and not self._aborted:
-                    self._write(placed, offset, staged)
+                    self._write(job)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)
             hashes.put(job)  # the hasher releases the buffer once it is written and hashed
@@ -163,37 +212,33 @@ class RankWriter:
             job = q.get()
             if job is _STOP:
                 return
-            placed, _, staged, last = job
             try:
                 if self.error is None:
-                    self._hash(placed, staged, last)
+                    for placed, begin, end, last in job.parts:
+                        self._hash(placed, job.staged.data[begin:end], last)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)
             finally:
-                if staged.release:
-                    staged.release()
+                if job.staged.release:
+                    job.staged.release()
 
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
             self.error = self.error or exc
 
-    def _write(self, placed: PlacedItem, offset: int, staged: StagedBytes) -> None:
-        if staged.ready:
-            staged.ready()
+    def _write(self, job: _Job) -> None:
+        if job.staged.ready:
+            job.staged.ready()
         started = time.perf_counter()
-        self._writers[placed.file].write_at(staged.data, placed.start + offset)
+        self._writers[job.file].write_at(job.staged.data, job.at)
         with self._lock:
-            self.stats.bytes_written += len(staged.data)
+            self.stats.bytes_written += len(job.staged.data)
             self.stats.write_s += time.perf_counter() - started
 
-    def _hash(self, placed: PlacedItem, staged: StagedBytes, last: bool) -> None:
-        # an empty chunk starts where the next one does
-        key = (
-            placed.file,
-            placed.start,
-            placed.end,
-        )
+    def _hash(self, placed: PlacedItem, data: memoryview, last: bool) -> None:
+        # an empty chunk starts where the next one does: the key needs its end too
+        key = (placed.file, placed.start, placed.end)
         hasher = self._hashers.setdefault(key, BlockHasher(self.block_bytes))
-        hasher.update(staged.data)
+        hasher.update(data)
         if last:
             self.stats.digests[key] = self._hashers.pop(key).finish()

@@ -1,16 +1,18 @@
-"""A save, end to end: flatten -> gather metadata -> plan -> stage -> persist -> commit."""
+"""A save as its steps: agree on a plan -> clear the target -> stage -> persist -> commit."""
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import torch
 
-from snapstate.collective.coordinator import Coordinator
-from snapstate.collective.exchange import exchange_plan
-from snapstate.collective.replica_check import ReplicaHasher
+from snapstate.collective.coordinator import Coordinator, gather_or_raise
+from snapstate.collective.exchange import AgreedPlan, exchange_plan, local_metas
+from snapstate.collective.replica_check import WitnessHasher
 from snapstate.engine.commit import (
     MARKERS,
     finish_rank,
@@ -20,16 +22,23 @@ from snapstate.engine.commit import (
     write_marker,
 )
 from snapstate.engine.handle import SaveHandle, SaveResult
-from snapstate.engine.persist import PersistStats, RankWriter
-from snapstate.engine.staging import DEFAULT_SLAB_BYTES, HostBufferPool, Stager, row_pieces
+from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
+from snapstate.engine.staging import (
+    DEFAULT_SLAB_BYTES,
+    SMALL_CHUNK_BYTES,
+    HostBufferPool,
+    Stager,
+)
 from snapstate.errors import CheckpointExistsError
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.format.manifest import MANIFEST
-from snapstate.planning.items import ItemMeta, Placement, RankPlan
-from snapstate.planning.layout import PlanOptions, SavePlan
-from snapstate.planning.replicas import ReplicaGroup
+from snapstate.format.marker import LocalTensor, Marker
+from snapstate.planning.items import ItemMeta, PlacedItem, Placement, RankPlan, WriteItem
+from snapstate.planning.layout import PlanOptions
+from snapstate.planning.replicas import witnessed_by
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
+from snapstate.state.views import row_pieces
 from snapstate.storage.base import Storage
 
 
@@ -41,21 +50,17 @@ class SaveOptions:
     threads: int = 1  # writer threads per rank (files are spread over them)
     overwrite: bool = False  # replace a committed checkpoint at the same path
     plan: PlanOptions = field(default_factory=PlanOptions)
-    verify_replicas: str = (
-        "hash"  # "hash": replicas must hash equal across ranks (checked at save); "off"
-    )
+    # "hash": replicas must hash equal across ranks (checked at save); "off"
+    verify_replicas: str = "hash"
+    # witnesses per replicated chunk and save: None = every holder; k = a rotating k of them
+    replica_witnesses: int | None = None
 
 
-@dataclass
-class _Prepared:
-    flat: FlatState
-    plan: SavePlan
-    save_id: str
-    tree_differs: bool = False  # this rank's structure differs from rank 0's: its marker carries it
-    timings: dict[str, float] = field(default_factory=dict)
-    # boxes several ranks hold, compared at commit
-    replicas: list[ReplicaGroup] = field(default_factory=list)
-    hasher: ReplicaHasher | None = None
+class SaveMode(Enum):
+    """Whether the caller waits for the commit or only for the staging copies."""
+
+    BLOCKING = "blocking"  # write straight from the caller's memory; return once committed
+    ASYNC = "async"  # copy into host buffers; persist and commit in the background
 
 
 def start_save(
@@ -66,83 +71,227 @@ def start_save(
     pool: HostBufferPool | None,
     step: int | None,
     options: SaveOptions,
+    mode: SaveMode | None = None,
 ) -> SaveHandle:
-    """Blocking part of a save; returns a handle whose background work persists and commits.
+    """Run a save's foreground steps; the handle's background work persists and commits.
 
-    ``pool=None`` means a blocking save: CPU tensors are written straight from their memory.
+    ``mode`` defaults to ASYNC when a staging ``pool`` is given, BLOCKING otherwise.
     """
-    started = time.perf_counter()
-    prepared = _prepare(state, storage, coord, options)
-    rank_plan = prepared.plan.for_rank(coord.rank)
-    try:
-        writer = RankWriter(
-            storage, rank_plan, options.block_bytes, options.threads, hold=pool is not None
-        )
-        # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
-        piece_bytes = (
-            min(options.piece_bytes, pool.slab_bytes) if pool is not None else options.piece_bytes
-        )
-        _stage_all(
-            prepared.flat,
-            rank_plan,
-            writer,
-            Stager(pool, options.timeout, before_wait=writer.flush),
-            piece_bytes,
-        )
-        if pool is not None and prepared.hasher is not None:
-            prepared.hasher.result()  # the values of the call: the caller may change them once we return
-    except BaseException as exc:
-        report_failure(coord, prepared.save_id, exc)
-        if "writer" in locals():
-            writer.abort()
-        raise
-    blocking_s = time.perf_counter() - started
+    if mode is None:
+        mode = SaveMode.BLOCKING if pool is None else SaveMode.ASYNC
+    return SaveJob(state, storage, coord, mode=mode, pool=pool, step=step, options=options).run()
 
-    def persist_and_commit() -> SaveResult:
+
+class SaveJob:
+    """One rank's part of one save; each step is a method, run in the order of ``run``."""
+
+    def __init__(
+        self,
+        state: Any,
+        storage: Storage,
+        coord: Coordinator,
+        *,
+        mode: SaveMode,
+        pool: HostBufferPool | None,
+        step: int | None,
+        options: SaveOptions,
+    ) -> None:
+        if mode is SaveMode.ASYNC and pool is None:
+            raise ValueError("an async save needs a staging pool")
+        self.state = state
+        self.storage = storage
+        self.coord = coord
+        self.mode = mode
+        self.pool = pool if mode is SaveMode.ASYNC else None
+        self.step = step
+        self.options = options
+        self.started = time.perf_counter()
+        self.timings: dict[str, float] = {}
+        self.agreed: AgreedPlan | None = None
+        self.hasher: WitnessHasher | None = None
+        self.writer: RankWriter | None = None
+        self.marker: Marker | None = None
+        self.blocking_s = 0.0
+        self.persist_s = 0.0
+
+    @property
+    def rank_plan(self) -> RankPlan:
+        assert self.agreed is not None
+        return self.agreed.plan.for_rank(self.coord.rank)
+
+    def run(self) -> SaveHandle:
+        """The foreground steps; a blocking save also persists and commits before returning."""
         try:
-            stats = writer.close()
-            storage.sync_dir("shards")
-            write_marker(
-                storage,
-                coord.rank,
-                _marker(coord.rank, prepared, rank_plan, stats, options, blocking_s),
+            self.agree()
+            self.clear_target()
+            started = time.perf_counter()
+            self.timings["clear_s"] = started - self.started - self.timings["plan_s"]
+            self.stage()
+            self.timings["stage_s"] = time.perf_counter() - started
+            if self.mode is SaveMode.BLOCKING:
+                return SaveHandle(result=self.finish())
+        except OSError as exc:
+            raise as_checkpoint_error(exc, self.storage.root) from exc
+        return SaveHandle(run=self.finish)
+
+    def finish(self) -> SaveResult:
+        """The steps after staging: in the background of an async save."""
+        try:
+            self.persist()
+            return self.commit()
+        except OSError as exc:  # disk full, read-only...: a CheckpointError, errno and path kept
+            raise as_checkpoint_error(exc, self.storage.root) from exc
+
+    # -- steps -------------------------------------------------------------------------
+    def agree(self) -> None:
+        """Flatten the state, exchange metadata and agree on the plan (cached while unchanged)."""
+
+        def local() -> tuple[FlatState, list[ItemMeta]]:
+            flat = flatten_state(self.state)
+            return flat, local_metas(self.coord, flat, _item_metas)
+
+        started = time.perf_counter()
+        self.agreed = exchange_plan(self.coord, local, self.options.plan, self.options.timeout)
+        self.timings["plan_s"] = time.perf_counter() - started
+        self.timings["plan_cached"] = float(self.agreed.cached)
+
+    def clear_target(self) -> None:
+        """Rank 0 refuses a committed target (unless overwriting) and removes leftovers.
+
+        Only once the plan is agreed, so an unsaveable state on any rank uncommits nothing;
+        every rank waits for it (a gather), so no rank writes a shard rank 0 then removes.
+        """
+        storage, overwrite = self.storage, self.options.overwrite
+
+        def clear() -> None:
+            if self.coord.rank == 0:
+                _clear_target(storage, overwrite)
+
+        gather_or_raise(self.coord, clear, self.options.timeout)
+
+    def stage(self) -> None:
+        """Copy (async) or expose (blocking) this rank's chunks and hand them to the writer."""
+        assert self.agreed is not None
+        options, rank_plan = self.options, self.rank_plan
+        try:
+            self.writer = RankWriter(
+                self.storage,
+                rank_plan,
+                options.block_bytes,
+                options.threads,
+                hold=self.mode is SaveMode.ASYNC,
             )
+            stager = Stager(self.pool, options.timeout, before_wait=self.writer.flush)
+            _stage_all(self.agreed.flat, rank_plan, self.writer, stager, self._piece_bytes())
+            self._stage_witnesses(stager)
+            stager.finish()
         except BaseException as exc:
-            report_failure(coord, prepared.save_id, exc)
-            _discard(storage, coord.rank, rank_plan)
+            self._fail(exc)
             raise
-        persist_s = time.perf_counter() - started - blocking_s
+        self.blocking_s = time.perf_counter() - self.started
+
+    def persist(self) -> None:
+        """Wait for the writes, fsync, then write this rank's marker."""
+        assert self.writer is not None
+        try:
+            stats = self.writer.close()
+            self.storage.sync_dir("shards")
+            self.marker = self._marker(stats)
+            write_marker(self.storage, self.coord.rank, self.marker)
+        except BaseException as exc:
+            self._fail(exc)
+            raise
+        self.persist_s = time.perf_counter() - self.started - self.blocking_s
+
+    def commit(self) -> SaveResult:
+        """Arrive at the commit barrier; rank 0 assembles and publishes the manifest."""
+        agreed = self.agreed
+        assert agreed is not None
         try:
             commit_s = finish_rank(
-                coord,
-                storage,
-                prepared.save_id,
-                prepared.plan,
-                prepared.flat.tree,
-                step,
-                options.timeout,
-                prepared.replicas,
+                self.coord,
+                self.storage,
+                agreed.save_id,
+                agreed.plan,
+                agreed.flat.tree,
+                self.step,
+                self.options.timeout,
+                self.marker,
             )
         except BaseException:
-            _discard(storage, coord.rank, rank_plan)
+            _discard(self.storage, self.coord.rank, self.rank_plan)
             raise
-        return SaveResult(
-            path=storage.root,
-            step=step,
-            rank=coord.rank,
-            world_size=coord.world_size,
-            bytes_written=rank_plan.nbytes,
-            files=[f.path for f in rank_plan.files],
-            blocking_s=blocking_s,
-            persist_s=persist_s,
-            commit_s=commit_s,
-            total_s=time.perf_counter() - started,
-            timings=prepared.timings,
+        return self._result(commit_s)
+
+    # -- helpers -----------------------------------------------------------------------
+    def _stage_witnesses(self, stager: Stager) -> None:
+        """Hand this rank's copy of the chunks it witnesses to a background hasher."""
+        agreed, options = self.agreed, self.options
+        assert agreed is not None
+        if options.verify_replicas != "hash" or self.coord.world_size == 1 or not agreed.replicas:
+            return
+        items = witnessed_by(
+            agreed.witness, self.coord.rank, agreed.turn, options.replica_witnesses
+        )
+        self.hasher = WitnessHasher(options.block_bytes)
+        try:
+            with torch.no_grad():
+                for item in items:
+                    view = _source(agreed.flat, item)
+                    if self.mode is SaveMode.BLOCKING:  # hashed from memory while we write
+                        self.hasher.submit(item.name, view, last=True)
+                        continue
+                    pieces = list(row_pieces(view, self._piece_bytes()))
+                    for i, (_, rows) in enumerate(pieces):
+                        self.hasher.submit(item.name, stager.stage(rows), i == len(pieces) - 1)
+        finally:
+            self.hasher.close()
+
+    def _piece_bytes(self) -> int:
+        # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
+        if self.pool is not None:
+            return min(self.options.piece_bytes, self.pool.slab_bytes)
+        return self.options.piece_bytes
+
+    def _fail(self, exc: BaseException) -> None:
+        """Tell the others this rank will not arrive, and drop what it wrote."""
+        assert self.agreed is not None
+        report_failure(self.coord, self.agreed.save_id, exc)
+        if self.writer is not None:
+            self.writer.abort()
+        _discard(self.storage, self.coord.rank, self.rank_plan)
+
+    def _marker(self, stats: PersistStats) -> Marker:
+        agreed = self.agreed
+        assert agreed is not None
+        replicas = self.hasher.result() if self.hasher is not None else {}
+        if self.hasher is not None:
+            self.timings["replica_check_s"] = self.hasher.seconds
+        return _marker(
+            self.coord.rank,
+            agreed,
+            self.rank_plan,
+            stats,
+            self.options.block_bytes,
+            self.blocking_s,
+            replicas,
         )
 
-    if pool is None:
-        return SaveHandle(result=persist_and_commit())
-    return SaveHandle(run=persist_and_commit)
+    def _result(self, commit_s: float) -> SaveResult:
+        rank_plan = self.rank_plan
+        return SaveResult(
+            path=self.storage.root,
+            step=self.step,
+            rank=self.coord.rank,
+            world_size=self.coord.world_size,
+            bytes_written=rank_plan.nbytes,
+            files=[f.path for f in rank_plan.files],
+            blocking_s=self.blocking_s,
+            persist_s=self.persist_s,
+            commit_s=commit_s,
+            total_s=time.perf_counter() - self.started,
+            timings=self.timings,
+        )
 
 
 def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
@@ -152,7 +301,8 @@ def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
     leftovers of uncommitted saves when it starts.
     """
     try:
-        if storage.exists(MANIFEST):  # the failure came after the commit point: keep the checkpoint
+        # the failure came after the commit point: keep the checkpoint
+        if storage.exists(MANIFEST):
             return
         for f in rank_plan.files:
             storage.remove(f.path)
@@ -161,32 +311,6 @@ def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
             storage.remove_tree(MARKERS)
     except Exception:  # noqa: BLE001 - see the docstring
         pass
-
-
-def _prepare(state: Any, storage: Storage, coord: Coordinator, options: SaveOptions) -> _Prepared:
-    def local() -> tuple[FlatState, list[ItemMeta]]:
-        # first: an unsaveable state must not uncommit the old checkpoint
-        flat = flatten_state(state)
-        if coord.rank == 0:
-            _clear_target(storage, options.overwrite)
-        return flat, _item_metas(flat)
-
-    started = time.perf_counter()
-    # every rank: the same plan, cached while unchanged
-    agreed = exchange_plan(coord, local, options.plan)
-    timings = {"plan_s": time.perf_counter() - started, "plan_cached": float(agreed.cached)}
-    check = options.verify_replicas == "hash" and coord.world_size > 1 and bool(agreed.replicas)
-    # overlaps staging and writes
-    hasher = ReplicaHasher(agreed.flat, agreed.replicas, coord.rank) if check else None
-    return _Prepared(
-        agreed.flat,
-        agreed.plan,
-        agreed.save_id,
-        agreed.tree_differs,
-        timings,
-        agreed.replicas if check else [],
-        hasher,
-    )
 
 
 def _clear_target(storage: Storage, overwrite: bool) -> None:
@@ -199,7 +323,7 @@ def _clear_target(storage: Storage, overwrite: bool) -> None:
         storage.remove(MANIFEST)  # uncommit first: a crash below leaves no torn checkpoint
         storage.sync_dir()
     storage.remove_tree("shards")
-    storage.remove_tree(".markers")
+    storage.remove_tree(MARKERS)
     storage.makedirs("shards")
 
 
@@ -215,50 +339,123 @@ def _item_metas(flat: FlatState) -> list[ItemMeta]:
 def _stage_all(
     flat: FlatState, rank_plan: RankPlan, writer: RankWriter, stager: Stager, piece_bytes: int
 ) -> None:
+    """Stage every chunk of the plan: small ones in runs (one batched copy), large in pieces."""
     with torch.no_grad():
-        for file in rank_plan.files:
-            for placed in file.items:
-                item = placed.item
-                tensors = (
-                    flat.rank_local_tensors
-                    if item.placement is Placement.RANK_LOCAL
-                    else flat.tensors
-                )
-                view = source_view(tensors[item.key], item.box)
-                pieces = list(row_pieces(view, piece_bytes))
-                for i, (offset, rows) in enumerate(pieces):
-                    writer.submit(placed, offset, stager.stage(rows), last=i == len(pieces) - 1)
-    stager.finish()
+        for group in _groups(rank_plan, piece_bytes):
+            views = [_source(flat, p.item) for p in group]
+            if len(group) > 1 and _one_run(views, stager):
+                _stage_run(list(zip(group, views)), writer, stager)
+                continue
+            for placed, view in zip(group, views):
+                small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
+                if small and stager.batchable(view):
+                    _stage_run([(placed, view)], writer, stager)
+                else:
+                    _stage_pieces(placed, view, writer, stager, piece_bytes)
+
+
+# rank plan id -> (the plan, {piece_bytes: its groups}); the plan is held so the id stays its own
+_group_cache: dict[int, tuple[RankPlan, dict[int, list[tuple[PlacedItem, ...]]]]] = {}
+_group_lock = threading.Lock()
+
+
+def _groups(rank_plan: RankPlan, piece_bytes: int) -> list[tuple[PlacedItem, ...]]:
+    """The plan's chunks in the order of their files, consecutive small ones grouped.
+
+    A group of several chunks is staged as one run when its tensors allow it (``_one_run``).
+    Built once per plan: a cached plan is staged without per-chunk planning work.
+    """
+    with _group_lock:
+        known = _group_cache.get(id(rank_plan))
+        if known is None or known[0] is not rank_plan:
+            if len(_group_cache) >= 8:  # plans of earlier structures
+                _group_cache.clear()
+            known = _group_cache[id(rank_plan)] = (rank_plan, {})
+        groups = known[1].get(piece_bytes)
+        if groups is None:
+            groups = known[1][piece_bytes] = _make_groups(rank_plan, piece_bytes)
+        return groups
+
+
+def _make_groups(rank_plan: RankPlan, piece_bytes: int) -> list[tuple[PlacedItem, ...]]:
+    groups: list[tuple[PlacedItem, ...]] = []
+    for file in rank_plan.files:
+        run: list[PlacedItem] = []
+        for placed in file.items:
+            small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
+            if run and not (small and placed.end - run[0].start <= piece_bytes):
+                groups.append(tuple(run))
+                run = []
+            if small:
+                run.append(placed)
+            else:
+                groups.append((placed,))
+        if run:
+            groups.append(tuple(run))
+    return groups
+
+
+def _one_run(views: list[torch.Tensor], stager: Stager) -> bool:
+    """Whether these tensors can be copied by one batched copy (same device, plain memory)."""
+    device = views[0].device
+    return all(v.device == device and stager.batchable(v) for v in views)
+
+
+def _source(flat: FlatState, item: WriteItem) -> torch.Tensor:
+    tensors = flat.rank_local_tensors if item.placement is Placement.RANK_LOCAL else flat.tensors
+    t = tensors[item.key]
+    # the common case, a whole plain tensor: no slicing (a view per tensor costs microseconds)
+    if type(t) is torch.Tensor or type(t) is torch.nn.Parameter:
+        if t.shape == item.box.sizes and not any(item.box.offsets):
+            return t
+    return source_view(t, item.box)
+
+
+def _stage_run(
+    run: list[tuple[PlacedItem, torch.Tensor]], writer: RankWriter, stager: Stager
+) -> None:
+    base = run[0][0].start
+    staged = stager.stage_run(
+        [v for _, v in run], [p.start - base for p, _ in run], run[-1][0].end - base
+    )
+    writer.submit_run([p for p, _ in run], staged)
+
+
+def _stage_pieces(
+    placed: PlacedItem, view: torch.Tensor, writer: RankWriter, stager: Stager, piece_bytes: int
+) -> None:
+    pieces = list(row_pieces(view, piece_bytes))
+    for i, (offset, rows) in enumerate(pieces):
+        writer.submit(placed, offset, stager.stage(rows), last=i == len(pieces) - 1)
 
 
 def _marker(
     rank: int,
-    prepared: _Prepared,
+    agreed: AgreedPlan,
     rank_plan: RankPlan,
     stats: PersistStats,
-    options: SaveOptions,
+    block_bytes: int,
     blocking_s: float,
-) -> dict[str, Any]:
-    flat = prepared.flat
-    chunks = [
-        marker_chunk(p, options.block_bytes, stats.digests[(p.file, p.start, p.end)])
+    replicas: dict[str, tuple[str, ...]],
+) -> Marker:
+    flat = agreed.flat
+    chunks = tuple(
+        marker_chunk(p, block_bytes, stats.digests[(p.file, p.start, p.end)])
         for f in rank_plan.files
         for p in f.items
-    ]
+    )
     local_tensors = {
-        k: {"dtype": m.dtype, "shape": list(m.shape), "kind": flat.kinds[k]}
+        k: LocalTensor(m.dtype, tuple(m.shape), flat.kinds[k])
         for k, m in ((k, item_meta(k, t, True)) for k, t in flat.rank_local_tensors.items())
     }
-    replicas = prepared.hasher.result() if prepared.hasher is not None else {}
-    if prepared.hasher is not None:
-        prepared.timings["replica_check_s"] = prepared.hasher.seconds
-    return {
-        **({"tree": flat.tree} if prepared.tree_differs else {}),
-        **({"replicas": {str(i): h for i, h in replicas.items()}} if replicas else {}),
-        "rank": rank,
-        "files": {f.path: f.size for f in rank_plan.files},
-        "chunks": chunks,
-        "kinds": {k: flat.kinds[k] for k in flat.tensors},
-        "rank_local": {"trees": flat.rank_local_trees, "tensors": local_tensors},
-        "timings": {"blocking_s": blocking_s, "write_s": stats.write_s, "bytes": rank_plan.nbytes},
-    }
+    return Marker(
+        rank=rank,
+        files={f.path: f.size for f in rank_plan.files},
+        chunks=chunks,
+        kinds={k: flat.kinds[k] for k in flat.tensors},
+        local_trees=flat.rank_local_trees,
+        local_tensors=local_tensors,
+        timings={"blocking_s": blocking_s, "write_s": stats.write_s, "bytes": rank_plan.nbytes},
+        tree=flat.tree if agreed.tree_differs else None,
+        replicas=replicas,
+    )

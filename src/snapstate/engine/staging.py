@@ -8,19 +8,45 @@ On CUDA the slabs are pinned and copies run on a side stream that the training s
 
 from __future__ import annotations
 
+import math
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from snapstate.errors import CheckpointTimeoutError
+from snapstate.state.views import StagedBytes
+
+# Re-exported: engine/load.py and collective/loadshare.py import them from here.
+from snapstate.state.views import bits_view as bits_view
+from snapstate.state.views import byte_view as byte_view
+from snapstate.state.views import row_pieces as row_pieces
 
 DEFAULT_SLAB_BYTES = 64 << 20
 ALIGN = 64
+MAX_SLAB_VIEWS = 1 << 16
+# Chunks up to this size are staged in runs, with one batched copy per run.
+SMALL_CHUNK_BYTES = 1 << 20
+# Dtypes whose copy kernels copy bits as they are (others go through an integer view: a
+# bool's copy would turn a byte of 2 into 1).
+BATCH_DTYPES = frozenset(
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.complex64,
+        torch.complex128,
+    }
+)
 
 
 def default_budget() -> int:
@@ -41,6 +67,21 @@ class Slab:
         self.used = 0
         self.in_flight = 0
         self.sealed = False
+        self.bytes = byte_view(self.buffer)
+        # Typed views into the buffer, kept across saves: an unchanged plan stages the same
+        # tensors at the same offsets, and making a view costs more than copying a small tensor.
+        self._views: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
+
+    def view_at(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        key = (offset, dtype, shape)
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) >= MAX_SLAB_VIEWS:
+                self._views.clear()
+            nbytes = math.prod(shape) * dtype.itemsize
+            view = self.buffer[offset : offset + nbytes].view(dtype).view(shape)
+            self._views[key] = view
+        return view
 
     def reset(self) -> None:
         self.used = self.in_flight = 0
@@ -146,24 +187,6 @@ class HostBufferPool:
         return Slab(nbytes, self.pin)
 
 
-_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def bits_view(t: torch.Tensor) -> torch.Tensor:
-    """The same memory as an integer dtype of the same itemsize: copies stay bitwise and work
-    for dtypes without copy kernels (int1..uint7 cannot be copied when non-contiguous)."""
-    int_dtype = _SAME_SIZE_INTS.get(t.element_size())
-    return t.view(int_dtype) if int_dtype is not None and t.dtype != int_dtype else t
-
-
-def byte_view(t: torch.Tensor) -> memoryview:
-    """The bytes of a contiguous CPU tensor, without copying."""
-    flat = t.detach().reshape(-1)
-    if flat.numel() == 0:
-        return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")  # type: ignore[arg-type]
-
-
 COPY_SEGMENT_BYTES = 8 << 20
 _copiers: ThreadPoolExecutor | None = None
 _copiers_lock = threading.Lock()
@@ -206,32 +229,21 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     )
 
 
-def row_pieces(view: torch.Tensor, max_bytes: int) -> Iterator[tuple[int, torch.Tensor]]:
-    """Split a chunk along dim 0 into (byte offset in chunk, rows) of at most ``max_bytes``.
+def _foreach_copy_cpu(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
+    """One batched copy on this thread alone.
 
-    A single row larger than ``max_bytes`` is split along its own first dimension, so that a
-    wide tensor (``(1, N)``) still streams through a small staging budget. Each piece covers
-    consecutive bytes of the chunk's row-major layout.
+    Why not torch's intra-op threads: they meet at a barrier after each tensor, so on a busy
+    machine one preempted thread holds up every copy of the run (measured 10-50x slower on
+    the loaded 2-core CI box); small tensors gain nothing from them anyway.
     """
-    if view.dim() == 0 or view.shape[0] == 0 or view.numel() * view.element_size() <= max_bytes:
-        yield 0, view
-        return
-    row_bytes = (view.numel() // view.shape[0]) * view.element_size()
-    if row_bytes > max_bytes and view.dim() > 1:
-        for row in range(view.shape[0]):
-            for offset, piece in row_pieces(view[row], max_bytes):
-                yield row * row_bytes + offset, piece
-        return
-    rows = max(1, max_bytes // max(row_bytes, 1))
-    for start in range(0, view.shape[0], rows):
-        yield start * row_bytes, view[start : start + rows]
-
-
-@dataclass
-class StagedBytes:
-    data: memoryview
-    release: Callable[[], None] | None  # give the buffer back once written
-    ready: Callable[[], None] | None  # wait for an asynchronous device copy
+    threads = torch.get_num_threads()
+    if threads > 1:
+        torch.set_num_threads(1)
+    try:
+        torch._foreach_copy_(dsts, srcs)
+    finally:
+        if threads > 1:
+            torch.set_num_threads(threads)
 
 
 class Stager:
@@ -256,6 +268,63 @@ class Stager:
         if self.pool is None and piece.device.type == "cpu" and piece.is_contiguous():
             return StagedBytes(byte_view(piece), None, None)  # zero-copy: the caller blocks anyway
         return self._copy(piece)
+
+    def batchable(self, view: torch.Tensor) -> bool:
+        """Whether this chunk may be staged in a run (one batched copy for many chunks)."""
+        return (
+            view.dtype in BATCH_DTYPES
+            and view.is_contiguous()
+            and (view.device.type == "cpu" or self.stream is not None)
+        )
+
+    def stage_run(self, views: list[torch.Tensor], offsets: list[int], nbytes: int) -> StagedBytes:
+        """Copy whole small chunks into one range of ``nbytes``, chunk i at ``offsets[i]``.
+
+        One ``torch._foreach_copy_`` for the run instead of a copy (and its views) per chunk.
+        The offsets are the chunks' places in their file, relative to the first one, which the
+        planner aligns to each chunk's itemsize.
+        """
+        if self.pool is None:  # blocking save: one fresh buffer, written in one piece
+            buffer = torch.empty(nbytes, dtype=torch.uint8)
+            dsts = [
+                buffer[o : o + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
+                for v, o in zip(views, offsets)
+            ]
+            _foreach_copy_cpu(dsts, views)
+            return StagedBytes(byte_view(buffer), None, None)
+        slab, start = self.pool.reserve(nbytes, self.timeout, self.before_wait)
+        pool = self.pool
+        try:
+            dsts = [
+                slab.view_at(start + o, v.dtype, tuple(v.shape)) for v, o in zip(views, offsets)
+            ]
+            if self.stream is not None and views[0].device.type == "cuda":
+                return self._copy_run_cuda(slab, start, nbytes, dsts, views)
+            _foreach_copy_cpu(dsts, views)
+        except BaseException:
+            pool.release(slab)  # nobody will write this run: its room must not stay taken
+            raise
+        return StagedBytes(slab.bytes[start : start + nbytes], lambda: pool.release(slab), None)
+
+    def _copy_run_cuda(
+        self,
+        slab: Slab,
+        start: int,
+        nbytes: int,
+        dsts: list[torch.Tensor],
+        views: list[torch.Tensor],
+    ) -> StagedBytes:
+        assert self.stream is not None and self.pool is not None
+        pool = self.pool
+        with torch.cuda.stream(self.stream):
+            torch._foreach_copy_(dsts, views, non_blocking=True)
+            for v in views:
+                if v.is_cuda:
+                    v.record_stream(self.stream)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        data = slab.bytes[start : start + nbytes]
+        return StagedBytes(data, lambda: pool.release(slab), event.synchronize)
 
     def finish(self) -> None:
         if self.pool is not None:

@@ -8,6 +8,7 @@ digest changed, so a steady training loop exchanges a few bytes per save, not th
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -41,17 +42,58 @@ class CacheEntry:
     digest: str
     plan: SavePlan
     extra: Any = None  # what else was derived from the same metadata (shared replicas)
+    witness: Any = None  # this rank's witness candidates (planning/replicas.py)
+    saves: int = 0  # saves that used this entry: the turn of rotating replica witnesses
+
+
+@dataclass(frozen=True)
+class LocalStructure:
+    """What this rank derived from its state's structure last time (reused while it holds)."""
+
+    key: Any  # structure_key of the flattened state
+    metas: list[ItemMeta]
+    digest: str  # metas_digest of ``metas`` with ``digest_of`` options
+    digest_of: Any
+    tree: Any = None
+    tree_digest: str = ""
 
 
 class PlanCache:
-    """The last plan of one process group."""
+    """The last plan of one process group.
+
+    Safe to share between threads that save at once: each save reads one snapshot of an
+    entry (a single attribute read) and uses that snapshot throughout, never the attribute
+    again, so a concurrent save that replaces the entry cannot hand it another state's plan.
+    """
 
     def __init__(self) -> None:
         self.entry: CacheEntry | None = None
+        self.local: LocalStructure | None = None
         self.hits = 0
+        self._lock = threading.Lock()
+
+    def snapshot(self, digest: str) -> CacheEntry | None:
+        """The cached entry if it was planned from metadata of this ``digest``."""
+        entry = self.entry
+        return entry if entry is not None and entry.digest == digest else None
 
     def token_for(self, digest: str) -> str | None:
-        return self.entry.token if self.entry is not None and self.entry.digest == digest else None
+        entry = self.snapshot(digest)
+        return entry.token if entry is not None else None
+
+    def store(self, entry: CacheEntry) -> None:
+        with self._lock:
+            self.entry = entry
+
+    def hit(self) -> None:
+        with self._lock:
+            self.hits += 1
+
+    def turn(self, entry: CacheEntry) -> int:
+        """The number of saves before this one that used ``entry`` (same on every rank)."""
+        with self._lock:
+            entry.saves += 1
+            return entry.saves - 1
 
 
 def metas_digest(metas: list[ItemMeta], options: Any) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from enum import Enum
+from functools import cached_property
 
 
 class Placement(str, Enum):
@@ -61,11 +62,12 @@ class WriteItem:
     box: Box
     rank: int
 
-    @property
+    @cached_property
     def nbytes(self) -> int:
+        # cached: a save reads it several times per chunk, and math.prod is not free
         return self.box.numel * self.itemsize
 
-    @property
+    @cached_property
     def name(self) -> str:
         """The tensor's name inside its shard file (unique per file)."""
         prefix = f"rank{self.rank}/" if self.placement is Placement.RANK_LOCAL else ""
@@ -80,7 +82,7 @@ class PlacedItem:
     file: str
     start: int  # absolute byte offset in the file
 
-    @property
+    @cached_property
     def end(self) -> int:
         return self.start + self.item.nbytes
 

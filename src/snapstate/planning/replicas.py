@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snapstate.planning.items import Box, ItemMeta, Placement
+from snapstate.planning.items import Box, ItemMeta, Placement, WriteItem
 
 
 @dataclass(frozen=True)
@@ -72,3 +72,64 @@ def divergences(
             if len(by_hash) > 1:
                 out.append(Divergence(key, box, {h: tuple(r) for h, r in by_hash.items()}))
     return out
+
+
+@dataclass(frozen=True)
+class WitnessItem:
+    """A chunk another rank writes that this rank also holds: it may witness the writer."""
+
+    item: WriteItem  # as its writer writes it (``item.rank``)
+    others: tuple[int, ...]  # every holder but the writer, in order
+
+
+def witness_candidates(
+    items: tuple[tuple[WriteItem, ...], ...], groups: list[ReplicaGroup], rank: int
+) -> list[WitnessItem]:
+    """The chunks written by other ranks inside boxes this rank holds as a replica."""
+    mine: dict[str, list[tuple[Box, tuple[int, ...]]]] = {}
+    for g in groups:
+        if rank in g.ranks:
+            for key, box in g.boxes:
+                mine.setdefault(key, []).append((box, g.ranks))
+    out = []
+    for writer_items in items:
+        for item in writer_items:
+            if item.rank == rank or item.placement is Placement.RANK_LOCAL:
+                continue
+            for box, ranks in mine.get(item.key, ()):
+                if _inside(item.box, box) and item.rank in ranks:
+                    out.append(WitnessItem(item, tuple(r for r in ranks if r != item.rank)))
+                    break
+    return out
+
+
+def witnessed_by(
+    candidates: list[WitnessItem], rank: int, turn: int, count: int | None
+) -> list[WriteItem]:
+    """What ``rank`` hashes in save number ``turn``: all candidates, or a rotating share.
+
+    With ``count`` witnesses per chunk, the ``others`` take turns: over ``len(others)`` saves
+    every holder is compared with the writer at least once, and the hash work of a save is
+    ``count`` x the replicated state in total, not (holders - 1) x.
+    """
+    if count is None:
+        return [c.item for c in candidates]
+    out = []
+    for c in candidates:
+        n = len(c.others)
+        first = (turn + hash_index(c.item)) % n
+        if any(c.others[(first + i) % n] == rank for i in range(min(count, n))):
+            out.append(c.item)
+    return out
+
+
+def hash_index(item: WriteItem) -> int:
+    """A position of the chunk that every rank computes alike (spreads the turns)."""
+    return sum(item.box.offsets) + len(item.key)
+
+
+def _inside(inner: Box, outer: Box) -> bool:
+    return all(
+        o <= i and i + s <= o + n
+        for i, s, o, n in zip(inner.offsets, inner.sizes, outer.offsets, outer.sizes)
+    )

@@ -63,6 +63,20 @@ def flatten_state(state: Any) -> FlatState:
 
 
 def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
+    cls = type(obj)
+    # Fast paths for the exact types that fill most trees (a plain dict, tensor or scalar is
+    # never Stateful nor rank-local); every subclass takes the general path below.
+    if cls is torch.Tensor or cls is torch.nn.Parameter:
+        return _tensor_leaf(obj, path, flat, rank_local, "tensor")
+    if cls is dict:
+        return {
+            "d": [
+                [_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local)]
+                for k, v in obj.items()
+            ]
+        }
+    if cls is int or cls is str or cls is bool or obj is None:
+        return {"v": obj}
     if isinstance(obj, torch.Tensor):
         return _tensor_leaf(obj, path, flat, rank_local, "tensor")
     if isinstance(obj, np.ndarray):

@@ -1,0 +1,29 @@
+"""``timeout=`` bounds every wait on other ranks, the foreground metadata gather included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .launch import RankServer
+
+pytestmark = pytest.mark.dist
+
+TIMEOUT = 3.0
+
+
+@pytest.mark.parametrize("mode", ["save", "async"])
+def test_rank_stopped_before_save_times_out_the_others(
+    ranks: RankServer, tmp_path: Path, mode: str
+) -> None:
+    work = tmp_path / "job"
+    work.mkdir()
+    args = {"path": str(tmp_path / "ckpt"), "timeout": TIMEOUT, "work": str(work), "mode": mode}
+    job = ranks.run("collective.scen_timeouts:stopped_before_save", 3, args, work, timeout=90)
+    assert job.codes[1] == -9 and not job.timed_out, job.describe()
+    for r in (job.results[0], job.results[2]):
+        assert r["timeout_error"], r
+        # bounded by timeout= (with margin for a loaded machine), not the group's 120 s
+        assert TIMEOUT - 0.5 <= r["seconds"] < TIMEOUT + 20, r
+    assert not (tmp_path / "ckpt" / "manifest.json").exists()
