@@ -85,6 +85,14 @@ class ReplicaHasher:
         return self.hashes
 
 
+PER_RANK_HINT = (
+    "Likely cause: state that is per rank by nature (a data loader, sampler or generator of "
+    "your own, per-rank counters) placed as a replica. Fix: wrap it in ss.RankLocal(...) so "
+    "each rank saves its own copy, or turn the check off with "
+    "SaveOptions(verify_replicas='off') if the ranks may differ and rank 0's copy will do."
+)
+
+
 def check_markers(groups: list[ReplicaGroup], markers: list[dict[str, Any]]) -> None:
     """Coordinator, before committing: every group's members listed the same hashes."""
     per_rank = [{int(i): h for i, h in m.get("replicas", {}).items()} for m in markers]
@@ -97,5 +105,6 @@ def check_markers(groups: list[ReplicaGroup], markers: list[dict[str, Any]]) -> 
     lines = "\n  ".join(d.describe() for d in found[:20])
     more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
     raise ReplicaMismatchError(
-        f"replicated tensors differ across ranks; nothing was committed:\n  {lines}{more}"
+        f"replicated tensors differ across ranks; nothing was committed:\n  {lines}{more}\n"
+        f"{PER_RANK_HINT}"
     )

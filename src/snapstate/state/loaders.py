@@ -12,10 +12,9 @@ is not, for three reasons this module removes (see tests/determinism/test_plain_
 * ``load_state_dict`` on a fresh loader would start an iterator just to learn the structure.
 
 So the saved state holds, besides torchdata's dict, the current state of every generator the
-loader draws from; the restore creates the resumed iterator itself (the next ``iter(loader)``
-returns it, torchdata's own mechanism for ``state_dict()`` before ``iter()``), keeps the
-global generators as they were around that creation, and then sets the loader's generators
-to what they were at the save. Random draws inside worker processes are another matter: see
+loader draws from. After a restore, the loader's next iterator (the user's ``iter(loader)``)
+is created with the global generators kept as they were, and then the loader's generators
+are set to what they were at the save. Random draws inside worker processes are another matter: see
 ``snapstate.data.WorkerRNG`` and the warning below.
 """
 
@@ -102,19 +101,28 @@ def capture(loader: Any, path: str) -> dict[str, Any]:
 
 
 def restore(loader: Any, state: dict[str, Any]) -> None:
-    """Load ``state``, create the resumed iterator now and put the generators where they were."""
+    """Load ``state``; the next iterator the loader creates is the resumed one, drawing nothing."""
     state = dict(state)
     saved_generators = state.pop(GENERATORS, {})
     loader.load_state_dict(state)
-    if state:
+    if not state:
+        return
+    create = loader._get_iterator
+
+    def resumed_iterator() -> Any:
+        # Once, at the user's next iter(loader): created then, not now, so that what the loop
+        # sets before it (DistributedSampler.set_epoch) is in place, as without snapstate.
+        del loader._get_iterator
         with global_rng_kept():
-            # The next iter(loader) returns this iterator instead of drawing again.
-            loader._iterator = loader._get_iterator()
-            loader._initial_iter_for_state_dict = True
-    current = generators(loader)
-    for role, gen_state in saved_generators.items():
-        if role in current:
-            current[role].set_state(torch.as_tensor(gen_state, dtype=torch.uint8).cpu())
+            iterator = create()
+        current = generators(loader)
+        for role, gen_state in saved_generators.items():
+            if role in current:
+                current[role].set_state(torch.as_tensor(gen_state, dtype=torch.uint8).cpu())
+        return iterator
+
+    # An instance attribute: StatefulDataLoader.__iter__ and state_dict() call self._get_iterator().
+    loader._get_iterator = resumed_iterator
 
 
 def restore_template(obj: Any) -> Any:
