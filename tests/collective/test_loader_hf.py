@@ -12,7 +12,8 @@ from .launch import RankServer
 
 pytestmark = pytest.mark.dist
 
-TOTAL, KILL_AT, SAVED = 18, 10, 8  # 3 epochs of 6 steps; checkpoint 8 is mid-epoch 2
+TOTAL, KILL_AT = 18, 10  # 3 epochs of 6 steps; killed after step 10, checkpoint 8 is mid-epoch 2
+BOUNDARY = 12  # killed right after checkpoint 12, the last step of epoch 2
 SCEN = "collective.scen_loader_hf:train"
 
 
@@ -32,10 +33,10 @@ def job(ranks: RankServer, work: Path, name: str, **args: Any) -> tuple[Path, li
 
 
 def kill_and_resume(
-    ranks: RankServer, work: Path, **case: Any
+    ranks: RankServer, work: Path, kill_at: int = KILL_AT, **case: Any
 ) -> tuple[Path, Path, Path, list, list]:
     ref, reference = job(ranks, work, "reference", **case)
-    killed, _ = job(ranks, work, "killed", kill_at=KILL_AT, **case)
+    killed, _ = job(ranks, work, "killed", kill_at=kill_at, **case)
     resumed, results = job(ranks, work, "resumed", root="killed", resume=True, **case)
     return ref, killed, resumed, reference, results
 
@@ -44,21 +45,28 @@ CASES = [
     {"sampler": "distributed", "workers": 0},
     {"sampler": "distributed", "workers": 2},
     {"sampler": "elastic", "workers": 0},
+    {"sampler": "distributed", "workers": 0, "kill_at": BOUNDARY},
+    {"sampler": "elastic", "workers": 0, "kill_at": BOUNDARY},
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['sampler']}-workers{c['workers']}")
+def case_id(c: dict[str, Any]) -> str:
+    return f"{c['sampler']}-workers{c['workers']}" + ("-boundary" if "kill_at" in c else "")
+
+
+@pytest.mark.parametrize("case", CASES, ids=case_id)
 def test_per_rank_loader_saves_and_resumes_bitwise_on_both_ranks(
     case: dict[str, Any], ranks: RankServer, tmp_path: Path
 ) -> None:
     ref, killed, resumed, reference, results = kill_and_resume(ranks, tmp_path, **case)
-    assert (tmp_path / "ckpt-killed" / f"step-{SAVED:09d}" / "manifest.json").exists()
+    saved = case.get("kill_at", KILL_AT) // 4 * 4
+    assert (tmp_path / "ckpt-killed" / f"step-{saved:09d}" / "manifest.json").exists()
     for rank in (0, 1):
         want = losses(ref / f"losses-{rank}.txt")
         assert sorted(want) == list(range(1, TOTAL + 1))
-        before = {s: v for s, v in losses(killed / f"losses-{rank}.txt").items() if s <= SAVED}
+        before = {s: v for s, v in losses(killed / f"losses-{rank}.txt").items() if s <= saved}
         after = losses(resumed / f"losses-{rank}.txt")
-        assert min(after) == SAVED + 1
+        assert min(after) == saved + 1
         assert before | after == want  # every loss of both ranks, bit for bit
         assert results[rank] == reference[rank]  # parameters, AdamW state, learning rate
     # the ranks really iterate different data (per-rank shards and generators)

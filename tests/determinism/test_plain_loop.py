@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -87,25 +88,39 @@ def check_resume(work: Path, case: Case, reference: Path, kill_at: int) -> None:
 
 
 CASES = [Case(False, 0), Case(True, 0), Case(False, 2), Case(True, 2)]
+References = Callable[[list[str]], Path]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> References:
+    """The uninterrupted run of a configuration, run once per module."""
+    runs: dict[tuple[str, ...], Path] = {}
+
+    def run(flags: list[str]) -> Path:
+        if tuple(flags) not in runs:
+            work = tmp_path_factory.mktemp("reference")
+            train(work / "root", work / "out", flags)
+            runs[tuple(flags)] = work / "out"
+        return runs[tuple(flags)]
+
+    return run
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"gen{int(c.generator)}-workers{c.workers}")
 def test_killed_mid_epoch_and_at_an_epoch_boundary_resume_bitwise(
-    case: Case, tmp_path: Path
+    case: Case, reference: References, tmp_path: Path
 ) -> None:
-    reference = tmp_path / "reference"
-    train(tmp_path / "ref-root", reference, case.flags())
-    check_resume(tmp_path, case, reference, MID_EPOCH)
-    check_resume(tmp_path, case, reference, BOUNDARY)
+    ref = reference(case.flags())
+    check_resume(tmp_path, case, ref, MID_EPOCH)
+    check_resume(tmp_path, case, ref, BOUNDARY)
 
 
 def _diverges(
-    tmp_path: Path, flags: list[str], extra: list[str], kill_at: int = MID_EPOCH
+    tmp_path: Path, reference: References, flags: list[str], extra: list[str]
 ) -> list[str]:
-    reference = tmp_path / "reference"
-    want = train(tmp_path / "ref-root", reference, flags)
+    want = read_losses(reference(flags) / "losses.txt")
     root = tmp_path / "root"
-    _, at = train_and_kill(root, tmp_path / "killed", flags, kill_at)
+    _, at = train_and_kill(root, tmp_path / "killed", flags, MID_EPOCH)
     got = train(root, tmp_path / "resumed", [*flags, "--resume", "--no-save", *extra])
     assert min(got) == at + 1
     common = [s for s in got if s in want]  # without the loader's state the epoch starts over
@@ -114,15 +129,17 @@ def _diverges(
 
 @pytest.mark.parametrize("skip", ["rng", "loader"])
 def test_negative_control_resume_without_rng_or_loader_state_diverges(
-    skip: str, tmp_path: Path
+    skip: str, reference: References, tmp_path: Path
 ) -> None:
-    after = _diverges(tmp_path, Case(True, 0).flags(), ["--skip", skip])
+    after = _diverges(tmp_path, reference, Case(True, 0).flags(), ["--skip", skip])
     assert len(after) >= 20, f"a resume without {skip} must diverge: {after}"
 
 
-def test_negative_control_worker_draws_without_the_wrapper_diverge_and_warn(tmp_path: Path) -> None:
+def test_negative_control_worker_draws_without_the_wrapper_diverge_and_warn(
+    reference: References, tmp_path: Path
+) -> None:
     """Random draws inside workers are not in torchdata's state: saving warns, the resume differs."""
-    after = _diverges(tmp_path, ["--workers", "2", "--generator"], [])
+    after = _diverges(tmp_path, reference, ["--workers", "2", "--generator"], [])
     assert len(after) >= 20, after
     warned = (tmp_path / "killed" / "stderr.txt").read_text()
     assert "WorkerRandomnessWarning" in warned and "snapstate.data.WorkerRNG" in warned
