@@ -72,6 +72,20 @@ def test_restored_loader_continues_bit_for_bit(generator: bool, taken: int, tmp_
     assert epochs(restored, None, 2) == want
 
 
+def test_a_second_restore_before_iterating_replaces_the_first(tmp_path: Path) -> None:
+    original = loader(True)
+    it = iter(original)
+    batches(it, 1)
+    ss.save({"loader": original}, tmp_path / "one")
+    batches(it, 2)
+    ss.save({"loader": original}, tmp_path / "three")
+    want = batches(it, 4)
+    restored = loader(True)
+    ss.load({"loader": restored}, tmp_path / "one")
+    ss.load({"loader": restored}, tmp_path / "three")  # e.g. a fallback after a failed load
+    assert batches(iter(restored), 4) == want
+
+
 def test_multi_worker_loader_warns_once_unless_its_dataset_is_wrapped(tmp_path: Path) -> None:
     ld = StatefulDataLoader(data(), batch_size=4, num_workers=1)
     with pytest.warns(WorkerRandomnessWarning, match="snapstate.data.WorkerRNG"):

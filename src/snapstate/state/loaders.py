@@ -102,6 +102,7 @@ def capture(loader: Any, path: str) -> dict[str, Any]:
 
 def restore(loader: Any, state: dict[str, Any]) -> None:
     """Load ``state``; the next iterator the loader creates is the resumed one, drawing nothing."""
+    loader.__dict__.pop("_get_iterator", None)  # a restore before this one was not used
     state = dict(state)
     saved_generators = state.pop(GENERATORS, {})
     loader.load_state_dict(state)
@@ -112,7 +113,7 @@ def restore(loader: Any, state: dict[str, Any]) -> None:
     def resumed_iterator() -> Any:
         # Once, at the user's next iter(loader): created then, not now, so that what the loop
         # sets before it (DistributedSampler.set_epoch) is in place, as without snapstate.
-        del loader._get_iterator
+        loader.__dict__.pop("_get_iterator", None)
         with global_rng_kept():
             iterator = create()
         current = generators(loader)
