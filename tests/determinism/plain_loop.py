@@ -99,7 +99,9 @@ def run(args: argparse.Namespace) -> None:
         ss.CheckpointManager(args.root, keep_last=3, async_save=True) as mgr,
         open(out / "losses.txt", "a") as log,
     ):
-        if args.resume:
+        if args.resume and args.skip is None:
+            mgr.restore(state)  # the README's recipe: plain values come back in the dict
+        elif args.resume:
             target = {k: v for k, v in state.items() if k != args.skip}
             mgr.restore(target)
             state["epoch"], state["step"] = target["epoch"], target["step"]
