@@ -45,6 +45,7 @@ CASES = [
     {"sampler": "distributed", "workers": 0},
     {"sampler": "distributed", "workers": 2},
     {"sampler": "elastic", "workers": 0},
+    {"sampler": "elastic", "workers": 2},
     {"sampler": "distributed", "workers": 0, "kill_at": BOUNDARY},
     {"sampler": "elastic", "workers": 0, "kill_at": BOUNDARY},
 ]
