@@ -132,18 +132,21 @@ def load(
         raise
     rank = coord.rank if rank_local == "load" else None
     if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
-        raise IncompatibleStateError(
-            storage.root,
-            [
-                StateMismatch(
-                    "<rank-local>",
-                    f"saved on {manifest.world_size} ranks, loading on {coord.world_size}; pass rank_local='skip' to leave rank-local state as it is",
-                )
-            ],
-        )
+        raise IncompatibleStateError(storage.root, rank_local_refusals(manifest, coord.world_size))
     return load_into(
         state, storage, manifest, rank, strict=strict, coord=coord, read_once=read_once
     )
+
+
+def rank_local_refusals(manifest: Manifest, world_size: int) -> list[StateMismatch]:
+    """Per-rank state (data loaders, RNGState, RankLocal) cannot be dealt to another world size."""
+    keys = sorted({key for part in manifest.rank_local.values() for key in part.trees})
+    problem = (
+        f"per-rank state saved on {manifest.world_size} ranks, loading on {world_size}; pass "
+        "rank_local='skip' to leave it as it is (a loader over snapstate.data.ElasticSampler "
+        "resumes anyway if the sampler itself is in the state: its position is global)"
+    )
+    return [StateMismatch(key, problem) for key in keys or ["<rank-local>"]]
 
 
 def verify(path: PathLike) -> VerifyReport:

@@ -26,7 +26,9 @@ from collections.abc import Iterator, Sized
 from typing import Any, Literal
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import Dataset, Sampler, get_worker_info
+
+from snapstate.state.rng import RNGState
 
 
 class ElasticSampler(Sampler[int]):
@@ -128,3 +130,44 @@ def _world(num_replicas: int | None, rank: int | None) -> tuple[int, int]:
             rank if rank is not None else dist.get_rank()
         )
     return (num_replicas or 1), (rank or 0)
+
+
+class WorkerRNG(Dataset[Any]):
+    """A map-style dataset whose data-loader workers' generators are part of the loader's state.
+
+    Random augmentation inside ``__getitem__`` draws from the worker process's python, numpy
+    and torch generators, seeded when the worker starts. After a resume the workers start
+    again from that seed, so without this wrapper their draws differ from the uninterrupted
+    run's. torchdata's StatefulDataLoader asks a Stateful dataset for its state after every
+    batch, in the worker, and restores it in the new worker; this wrapper answers with the
+    worker's generators, so each worker continues exactly where it was::
+
+        loader = StatefulDataLoader(WorkerRNG(dataset), num_workers=2, ...)
+
+    The draws are the same as without the wrapper. In the main process (``num_workers=0``)
+    it holds nothing: there ``ss.RNGState()`` covers the same generators.
+    """
+
+    def __init__(self, dataset: Any) -> None:
+        self.dataset = dataset
+
+    def __getitem__(self, index: Any) -> Any:
+        return self.dataset[index]
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getattr__(self, name: str) -> Any:
+        # Attributes the loop reads from the dataset (classes, transform...) stay visible.
+        if name == "dataset":
+            raise AttributeError(name)
+        return getattr(self.dataset, name)
+
+    def state_dict(self) -> dict[str, Any]:
+        if get_worker_info() is None:
+            return {}
+        return {"rng": RNGState().state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state and get_worker_info() is not None:
+            RNGState().load_state_dict(state["rng"])

@@ -147,11 +147,9 @@ def write_final(state: dict[str, Any], path: Path) -> None:
 class Batches:
     """Endless batches, one epoch after another; epochs are counted in the state.
 
-    Each epoch reseeds the loader's generator from (seed, epoch), the ``set_epoch`` pattern.
-    Why: with ``num_workers=0`` torchdata 0.11 restores the generator to just before the
-    epoch's permutation, but the uninterrupted loader also drew its ``_base_seed`` from that
-    generator after the permutation, so the epoch after a resume is shuffled differently.
-    ``reseed=False`` keeps that behaviour (a test pins it down).
+    By default each epoch reseeds the loader's generator from (seed, epoch), a pattern some
+    users write; it is not needed: snapstate saves the generator's current state, so
+    ``reseed=False`` resumes bitwise too (test_resume.py and test_plain_loop.py check both).
     """
 
     def __init__(self, state: dict[str, Any], seed: int, reseed: bool, resumed: bool) -> None:

@@ -107,6 +107,14 @@ class WitnessHasher:
         self.seconds = time.perf_counter() - started
 
 
+PER_RANK_HINT = (
+    "Likely cause: state that is per rank by nature (a data loader, sampler or generator of "
+    "your own, per-rank counters) placed as a replica. Fix: wrap it in ss.RankLocal(...) so "
+    "each rank saves its own copy, or turn the check off with "
+    "SaveOptions(verify_replicas='off') if the ranks may differ and rank 0's copy will do."
+)
+
+
 def _bytes_of(data: StagedBytes | torch.Tensor) -> memoryview:
     if isinstance(data, StagedBytes):
         if data.ready:
@@ -143,7 +151,8 @@ def _raise_divergences(found: list[Divergence]) -> None:
     lines = "\n  ".join(d.describe() for d in found[:20])
     more = f"\n  ... and {len(found) - 20} more" if len(found) > 20 else ""
     raise ReplicaMismatchError(
-        f"replicated tensors differ across ranks; nothing was committed:\n  {lines}{more}"
+        f"replicated tensors differ across ranks; nothing was committed:\n  {lines}{more}\n"
+        f"{PER_RANK_HINT}"
     )
 
 

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from snapstate.state.loaders import is_loader, is_rank_local_sampler, state_of
 from snapstate.state.rng import RNGState
 from snapstate.state.stateful import RankLocal, is_stateful
 
@@ -38,7 +39,8 @@ def type_path(obj: Any) -> str:
 
 
 def is_rank_local(obj: Any) -> bool:
-    return isinstance(obj, (RankLocal, RNGState))
+    """Placement by type: RankLocal, RNGState, data loaders and samplers with per-rank state."""
+    return isinstance(obj, (RankLocal, RNGState)) or is_loader(obj) or is_rank_local_sampler(obj)
 
 
 @dataclass
@@ -86,12 +88,14 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
             _numpy_to_torch(np.asarray(obj), path), path, flat, rank_local, "npscalar"
         )
     if is_rank_local(obj) and not rank_local:
-        flat.rank_local_trees[path] = {"s": _visit(obj.state_dict(), path, flat, rank_local=True)}
+        flat.rank_local_trees[path] = {
+            "s": _visit(state_of(obj, path), path, flat, rank_local=True)
+        }
         return {"rl": path}
     if is_stateful(obj):
         if isinstance(obj, torch.nn.Module) and not rank_local:
             flat.rank0_keys.update(join_key(path, name) for name, _ in obj.named_buffers())
-        return {"s": _visit(obj.state_dict(), path, flat, rank_local)}
+        return {"s": _visit(state_of(obj, path), path, flat, rank_local)}
     if isinstance(obj, dict):
         return {
             "d": [

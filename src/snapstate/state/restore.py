@@ -18,6 +18,7 @@ from snapstate.errors import StateMismatch
 from snapstate.format.dtypes import empty_tensor
 from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key
+from snapstate.state.loaders import load_into, restore_template
 from snapstate.state.stateful import is_stateful
 
 
@@ -202,8 +203,9 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
         return target
     # lazily created state is placed like its parameter
     walk.templates.update(optimizer_templates(target, path))
-    new_sd = _restore(target.state_dict(), node, path, walk, rebuild=True, rank_local=rank_local)
-    walk.plan.finalizers.append(lambda: target.load_state_dict(_resolved(new_sd)))
+    template = restore_template(target)  # data loaders: see state/loaders.py
+    new_sd = _restore(template, node, path, walk, rebuild=True, rank_local=rank_local)
+    walk.plan.finalizers.append(lambda: load_into(target, _resolved(new_sd)))
     return target
 
 
