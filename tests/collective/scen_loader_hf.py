@@ -183,4 +183,14 @@ def shuffled_per_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, 
         refused = str(exc)
     else:
         refused = ""
-    return {"per_rank": {str(r): k for r, k in per_rank.items()}, "refused": refused}
+    # The fix the message names: the check skipped for that key saves rank 0's copy.
+    skip = ss.SaveOptions(unchecked_replicas=("seen",))
+    counter = {"loader": loader, "seen": torch.tensor([rank])}
+    ss.save(counter, Path(args["root"]) / "counter-unchecked", options=skip)
+    saved = {"seen": torch.tensor([-1])}
+    ss.load(saved, Path(args["root"]) / "counter-unchecked", strict=False)
+    return {
+        "per_rank": {str(r): k for r, k in per_rank.items()},
+        "refused": refused,
+        "unchecked_saved": int(saved["seen"]),
+    }

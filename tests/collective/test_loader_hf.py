@@ -115,3 +115,5 @@ def test_shuffled_per_rank_loader_is_rank_local_and_a_per_rank_tensor_is_refused
         assert r["per_rank"] == {"0": ["loader", "rng"], "1": ["loader", "rng"]}
         assert "'seen'" in r["refused"] and "loader" not in r["refused"].split("Likely cause")[0]
         assert "ss.RankLocal(" in r["refused"] and "verify_replicas='off'" in r["refused"]
+        assert "unchecked_replicas=('<key>',)" in r["refused"]
+        assert r["unchecked_saved"] == 0  # with the check skipped for 'seen', rank 0's copy

@@ -110,8 +110,9 @@ class WitnessHasher:
 PER_RANK_HINT = (
     "Likely cause: state that is per rank by nature (a data loader, sampler or generator of "
     "your own, per-rank counters) placed as a replica. Fix: wrap it in ss.RankLocal(...) so "
-    "each rank saves its own copy, or turn the check off with "
-    "SaveOptions(verify_replicas='off') if the ranks may differ and rank 0's copy will do."
+    "each rank saves its own copy, or, if the ranks may differ and rank 0's copy will do, write "
+    "rank 0's copy unchecked with SaveOptions(unchecked_replicas=('<key>',)) or for all keys "
+    "with SaveOptions(verify_replicas='off')."
 )
 
 

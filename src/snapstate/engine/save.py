@@ -52,6 +52,9 @@ class SaveOptions:
     plan: PlanOptions = field(default_factory=PlanOptions)
     # "hash": replicas must hash equal across ranks (checked at save); "off"
     verify_replicas: str = "hash"
+    # key paths (and everything under them) whose replicas may differ: rank 0's copy is written,
+    # as for module buffers, and the replica check skips them
+    unchecked_replicas: tuple[str, ...] = ()
     # witnesses per replicated chunk and save: None = every holder; k = a rotating k of them
     replica_witnesses: int | None = None
 
@@ -148,6 +151,8 @@ class SaveJob:
 
         def local() -> tuple[FlatState, list[ItemMeta]]:
             flat = flatten_state(self.state)
+            if unchecked := self.options.unchecked_replicas:  # written from rank 0, unchecked
+                flat.rank0_keys.update(k for k in flat.tensors if under_any(k, unchecked))
             return flat, local_metas(self.coord, flat, _item_metas)
 
         started = time.perf_counter()
@@ -292,6 +297,11 @@ class SaveJob:
             total_s=time.perf_counter() - self.started,
             timings=self.timings,
         )
+
+
+def under_any(key: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``key`` is one of the key paths ``prefixes`` or lies under one of them."""
+    return any(key == p or key.startswith(p.rstrip("/") + "/") for p in prefixes)
 
 
 def _discard(storage: Storage, rank: int, rank_plan: RankPlan) -> None:
