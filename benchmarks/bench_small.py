@@ -77,7 +77,7 @@ def model_adam_tensors(name: str) -> dict[str, torch.Tensor]:
     state = {f"model.{k}": v.detach().clone() for k, v in model.state_dict().items()}
     for i, p in enumerate(model.parameters()):
         for k, v in opt.state[p].items():
-            if isinstance(v, torch.Tensor) and v.dim() > 0:
+            if isinstance(v, torch.Tensor):  # the step counters too: ~300 tensors in all
                 state[f"optim.{i}.{k}"] = v.clone()
     return state
 
@@ -91,6 +91,7 @@ class StateBench(core.Bench):
         self.state = state
         self.ts = list(state.values())
         self.targets = {k: torch.empty_like(v) for k, v in state.items()}
+        self.copy_dst = [torch.empty_like(v) for v in self.ts]
 
 
 def measure(
