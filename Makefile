@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -c constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint typecheck bench clean venv
+.PHONY: demo test test-all lint typecheck bench bench-small clean venv
 
 venv: $(STAMP)
 
@@ -34,6 +34,9 @@ typecheck: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench_core.py
+
+bench-small: $(STAMP)
+	$(BIN)/python benchmarks/bench_small.py
 
 clean:
 	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
