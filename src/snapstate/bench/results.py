@@ -159,11 +159,22 @@ def _baseline(ranks: list[dict[str, Any]]) -> dict[str, Any]:
     train_s = [max(s[i]["train_s"] for s in segs) for i in range(len(segs[0]))]
     return {
         "train_s": median(train_s),
+        "segment_train_s": train_s,
         "step_s": max(median([t for seg in s for t in seg["step_s"]]) for s in segs),
         # How far training alone lifts the resident size above the window's start: the
         # first baseline, before any method kept buffers alive.
         "rise": [s[0]["peak_rss"] - s[0]["start_rss"] for s in segs],
     }
+
+
+def _bracket_train_s(observed: dict[str, Any], base: dict[str, Any]) -> float:
+    """The mean of the baseline segments run just before and just after this method (older
+    results without a bracket: the median of all baselines)."""
+    bracket = observed.get("bracket")
+    segments = base["segment_train_s"]
+    if not bracket or max(bracket) >= len(segments):
+        return float(base["train_s"])
+    return sum(segments[i] for i in bracket) / len(bracket)
 
 
 def _method_record(
@@ -176,6 +187,7 @@ def _method_record(
     by_rank = [sum(f["bytes"] for f in files if f["rank"] == r) for r in range(world)]
     train_s = max(s["train_s"] for s in segs)
     on_disk = sum(f["bytes"] for f in files)
+    reference = _bracket_train_s(per_rank[0], base)
     return Record(
         method=name,
         model="",
@@ -190,7 +202,7 @@ def _method_record(
         persist_s=median([s - b for s, b in zip(save, blocking, strict=True)]),
         load_s=max(m["load_s"] for m in per_rank),
         train_step_s=max(median(s["step_s"]) for s in segs),
-        overhead_pct=100.0 * (train_s - base["train_s"]) / base["train_s"],
+        overhead_pct=100.0 * (train_s - reference) / reference,
         peak_rss_bytes=max(s["peak_rss"] for s in segs),
         deterministic=None,
         rss_added_bytes=max(
@@ -199,7 +211,7 @@ def _method_record(
         ),
         baseline_step_s=base["step_s"],
         train_s=train_s,
-        baseline_train_s=base["train_s"],
+        baseline_train_s=reference,
         checkpoints=len(save),
         blocking_s_all=blocking,
         save_s_all=save,

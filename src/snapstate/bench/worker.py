@@ -210,9 +210,15 @@ def measure_on_rank(job: MeasureJob, rank: int, world: int) -> dict[str, Any] | 
     mine["baseline"], mine["methods"] = [], {}
     order = rotate(job.methods, job.repeat)
     # Baselines before, between and after the methods: their median shrugs off one bad one.
-    for part in (order[: len(order) // 2], order[len(order) // 2 :], []):
+    # Each method is compared with the two baselines around it (``bracket``), which cancels
+    # slow drift of the machine over the run (other load, thermal, page cache).
+    for i, part in enumerate((order[: len(order) // 2], order[len(order) // 2 :], [])):
         mine["baseline"].append(asdict(run_segment(trainer, job, None, ckpt)))
-        mine["methods"].update({n: measure_method(trainer, job, n, ckpt / n) for n in part})
+        for n in part:
+            mine["methods"][n] = {
+                **measure_method(trainer, job, n, ckpt / n),
+                "bracket": [i, i + 1],
+            }
     gathered: list[Any] = [None] * world
     if dist.is_initialized():
         dist.all_gather_object(gathered, mine)
