@@ -81,8 +81,9 @@ def perturbed_replica(rank: int, world: int, args: dict[str, Any]) -> dict[str, 
     if rank == args["odd"]:
         state["model"]["w"][17, 3] += 1e-3  # a replica that silently diverged
     out: dict[str, Any] = {"cached": None, "error": None}
+    every_holder = ss.SaveOptions(replica_witnesses=None)  # names all holders in one save
     try:
-        result = ss.save(state, args["path"])
+        result = ss.save(state, args["path"], options=every_holder)
         out["cached"] = result.timings["plan_cached"]
     except ss.ReplicaMismatchError as exc:
         out["error"] = str(exc)
@@ -92,6 +93,21 @@ def perturbed_replica(rank: int, world: int, args: dict[str, Any]) -> dict[str, 
     out["first_check_s"] = first.timings["replica_check_s"]
     out["unchecked"] = "replica_check_s" not in unchecked.timings
     return out
+
+
+def perturbed_replica_rotating(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """The default check (one rotating witness per chunk) catches a diverged replica within
+    holders - 1 saves; the saves before it that pass are real, committed checkpoints."""
+    state = {"model": values(1)}
+    ss.save(state, args["path"] + "-before")
+    if rank == args["odd"]:
+        state["model"]["w"][17, 3] += 1e-3
+    for attempt in range(world - 1):
+        try:
+            ss.save(state, f"{args['path']}-{attempt}")
+        except ss.ReplicaMismatchError as exc:
+            return {"caught_at": attempt, "error": str(exc)}
+    return {"caught_at": None, "error": None}
 
 
 def dead_before_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:

@@ -73,3 +73,19 @@ def test_perturbed_replica_is_caught(ranks: RankServer, tmp_path: Path, world: i
         assert r["first_check_s"] > 0 and r["unchecked"]
     assert not (tmp_path / "ckpt" / "manifest.json").exists()
     assert ss.inspect(str(tmp_path / "ckpt-unchecked")).world_size == world
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_rotating_witness_catches_a_diverged_replica_within_holders_minus_one_saves(
+    ranks: RankServer, tmp_path: Path, world: int
+) -> None:
+    args = {"path": str(tmp_path / "ckpt"), "odd": 1}
+    results = ranks.run(
+        "collective.scen_faults:perturbed_replica_rotating", world, args, tmp_path / "job"
+    ).check()
+    caught = {r["caught_at"] for r in results}
+    assert len(caught) == 1 and None not in caught, results  # every rank raised, same save
+    for r in results:
+        assert "'model/w'" in r["error"] and "rank(s) [1] hold" in r["error"]
+    failed = tmp_path / f"ckpt-{caught.pop()}"
+    assert not (failed / "manifest.json").exists()

@@ -55,8 +55,10 @@ class SaveOptions:
     # key paths (and everything under them) whose replicas may differ: rank 0's copy is written,
     # as for module buffers, and the replica check skips them
     unchecked_replicas: tuple[str, ...] = ()
-    # witnesses per replicated chunk and save: None = every holder; k = a rotating k of them
-    replica_witnesses: int | None = None
+    # witnesses per replicated chunk and save: k = a rotating k of the holders (hash work k x
+    # the replicated state per save, a diverged holder caught within holders - 1 saves);
+    # None = every holder, every save
+    replica_witnesses: int | None = 1
 
 
 class SaveMode(Enum):
