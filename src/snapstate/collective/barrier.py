@@ -14,7 +14,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from snapstate.collective.coordinator import Coordinator, KeysTimeoutError
+from snapstate.collective.coordinator import Coordinator
+from snapstate.collective.key_wait import KeysTimeoutError
 from snapstate.errors import CheckpointError, CheckpointTimeoutError, ReplicaMismatchError
 
 OK = "ok"

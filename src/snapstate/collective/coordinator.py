@@ -15,7 +15,8 @@ import traceback
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
-from snapstate.errors import CheckpointTimeoutError, CheckpointWorkerError, RankFailure
+from snapstate.collective.key_wait import KeysTimeoutError
+from snapstate.errors import CheckpointWorkerError, RankFailure
 
 T = TypeVar("T")
 
@@ -35,14 +36,6 @@ class Coordinator(Protocol):
     def add(self, key: str, amount: int) -> int: ...
 
     def delete_keys(self, keys: list[str]) -> None: ...
-
-
-class KeysTimeoutError(CheckpointTimeoutError):
-    """``await_keys`` ran out of time; ``missing`` lists the keys that never appeared."""
-
-    def __init__(self, message: str, missing: list[str]) -> None:
-        super().__init__(message)
-        self.missing = missing
 
 
 class LocalCoordinator:

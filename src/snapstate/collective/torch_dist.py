@@ -20,7 +20,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from snapstate.collective.coordinator import KeysTimeoutError
+from snapstate.collective.key_wait import KeysTimeoutError
 from snapstate.errors import CheckpointTimeoutError
 
 PREFIX = "snapstate"
