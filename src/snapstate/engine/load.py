@@ -20,6 +20,7 @@ import torch
 
 from snapstate.collective.coordinator import Coordinator
 from snapstate.engine.readorder import DirectRead, read_in_file_order
+from snapstate.engine.rollback import Rollback
 from snapstate.engine.staging import bits_view, byte_view
 from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, SkippedKeys
 from snapstate.format.dtypes import dtype_from_name
@@ -110,11 +111,17 @@ def load_into(
             mismatched=plan.mismatches,
         ),
     )
-    if shared:
-        stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
-        result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
-    else:
-        result.bytes_read = run_reads(storage, tasks, threads)
+    rollback = Rollback(plan.reads)
+    try:
+        if shared:
+            stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
+            result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
+        else:
+            result.bytes_read = run_reads(storage, tasks, threads)
+    except BaseException:
+        rollback.restore()  # a failed load leaves the caller's tensors as they were
+        raise
+    rollback.discard()
     plan.apply_structure()  # after the reads: a corrupt checkpoint leaves the containers as they were
     for finalize in plan.finalizers:
         finalize()

@@ -36,6 +36,7 @@ class ReadRequest:
     key: str
     target: torch.Tensor
     rank_local: bool
+    fresh: bool = False  # allocated by the load itself: nothing to put back if it fails
 
 
 @dataclass
@@ -265,7 +266,7 @@ def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> 
     )
     placed = allocate_like(template, stored.shape, stored.dtype) if template is not None else None
     tensor = placed if placed is not None else empty_tensor(stored.shape, stored.dtype)
-    walk.plan.reads.append(ReadRequest(key, tensor, rank_local))
+    walk.plan.reads.append(ReadRequest(key, tensor, rank_local, fresh=True))
     if stored.kind == "tensor":
         return tensor
     array = tensor.numpy()
