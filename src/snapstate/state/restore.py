@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from snapstate.errors import StateMismatch
+from snapstate.errors import CorruptCheckpointError, StateMismatch
 from snapstate.format.dtypes import empty_tensor
+from snapstate.format.manifest import MANIFEST
 from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key
 from snapstate.state.loaders import load_into, restore_template
@@ -55,6 +56,9 @@ class RestorePlan:
 
 
 Lookup = Callable[[str, bool], "StoredTensor | None"]
+# The walk recurses (a few frames per level); a stored tree nested deeper than any real state
+# is refused with a clear error instead of overflowing the interpreter's stack.
+MAX_TREE_DEPTH = 200
 _MISSING = object()
 
 
@@ -84,6 +88,7 @@ class _Walk:
     plan: RestorePlan
     # optimizer state path -> its parameter
     templates: dict[str, torch.Tensor] = field(default_factory=dict)
+    depth: int = 0  # structure nodes open on the walk's stack
 
 
 def plan_restore(
@@ -115,6 +120,23 @@ def _restore(
     ``rebuild`` is true inside Stateful objects: there the checkpoint's structure wins, so
     containers the target lacks (lazily created optimizer state) are built from the manifest.
     """
+    if walk.depth >= MAX_TREE_DEPTH:
+        shown = path if len(path) <= 120 else path[:120] + "..."
+        raise CorruptCheckpointError(
+            f"the stored structure is nested deeper than {MAX_TREE_DEPTH} levels",
+            file=MANIFEST,
+            key=shown,
+        )
+    walk.depth += 1
+    try:
+        return _restore_node(target, node, path, walk, rebuild, rank_local)
+    finally:
+        walk.depth -= 1
+
+
+def _restore_node(
+    target: Any, node: Node, path: str, walk: _Walk, rebuild: bool, rank_local: bool
+) -> Any:
     if "t" in node or "n" in node:
         return _restore_tensor(target, node, path, walk, rank_local)
     if "v" in node:
