@@ -8,6 +8,7 @@ import threading
 from typing import Any, Literal
 
 from snapstate.collective.coordinator import default_coordinator
+from snapstate.collective.topology import use_read_once
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.save import SaveOptions, start_save
@@ -107,35 +108,32 @@ def load(
     process_group: Any = None,
     rank_local: Literal["load", "skip"] = "load",
     timeout: float | None = None,
-    read_once: bool = True,
+    read_once: bool | None = None,
 ) -> LoadResult:
     """Fill ``state`` in place from the checkpoint at ``path``.
 
     Tensors are copied into the state's tensors, Stateful objects get ``load_state_dict``,
     plain values are replaced. Keys the checkpoint has and the state lacks are ignored.
-    Collective when torch.distributed is initialized: with ``read_once`` (the default) bytes
-    that several ranks need (replicated tensors) are read by one rank and sent to the others;
-    ``read_once=False`` lets every rank read what it needs for itself.
+    Collective when torch.distributed is initialized: with ``read_once=True`` bytes that
+    several ranks need (replicated tensors) are read by one rank and sent to the others;
+    ``read_once=False`` lets every rank read what it needs for itself; the default (None)
+    reads once only when the ranks span several hosts (see ``collective/topology.py``).
     """
     storage = storage_for(path)
     coord = default_coordinator(process_group)
+    shared = use_read_once(coord, read_once)
     try:
         manifest = read_manifest(storage)
     except CheckpointError as exc:
-        if (
-            coord.world_size > 1 and read_once
-        ):  # the others are entering the load's collective: fail them too
-            from snapstate.collective.loadshare import fail_together, transport_ok
+        if coord.world_size > 1:  # the others are entering the load's collective: fail them too
+            from snapstate.collective.loadshare import fail_together
 
-            if transport_ok(coord):
-                fail_together(coord, exc)
+            fail_together(coord, exc)
         raise
     rank = coord.rank if rank_local == "load" else None
     if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
         raise IncompatibleStateError(storage.root, rank_local_refusals(manifest, coord.world_size))
-    return load_into(
-        state, storage, manifest, rank, strict=strict, coord=coord, read_once=read_once
-    )
+    return load_into(state, storage, manifest, rank, strict=strict, coord=coord, read_once=shared)
 
 
 def rank_local_refusals(manifest: Manifest, world_size: int) -> list[StateMismatch]:

@@ -59,7 +59,9 @@ def save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     torch.rand(5)  # move the RNG on: the load must bring it back
     fresh_model, fresh_opt = build()
     loaded = ss.load(
-        {"model": fresh_model, "optim": fresh_opt, "rng": ss.RNGState(), "step": 0}, args["path"]
+        {"model": fresh_model, "optim": fresh_opt, "rng": ss.RNGState(), "step": 0},
+        args["path"],
+        read_once=True,
     )
     fresh = live_tensors(fresh_model, fresh_opt)
     return {
@@ -160,7 +162,7 @@ def subgroups(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     path = f"{args['path']}-g{rank // 2}"
     saved = ss.save({"model": model}, path, process_group=mine)
     fresh = build()[0]
-    loaded = ss.load({"model": fresh}, path, process_group=mine)
+    loaded = ss.load({"model": fresh}, path, process_group=mine, read_once=True)
     same = all(
         same_bits(a, b) for a, b in zip(fresh.state_dict().values(), model.state_dict().values())
     )

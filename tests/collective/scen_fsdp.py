@@ -64,7 +64,7 @@ def save(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
 def load(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     model, opt = model_and_optimizer(world)
     assert not opt.state  # a fresh optimizer: its state is created by the load
-    result = ss.load({"model": model, "optim": opt}, args["path"])
+    result = ss.load({"model": model, "optim": opt}, args["path"], read_once=True)
     local = flat_tensors({"model": model.state_dict(), "optim": opt.state_dict()["state"]}).values()
     need = sum((t.to_local() if isinstance(t, DTensor) else t).nbytes for t in local)
     got, reference = full_state(model, opt), load_file(args["reference"])

@@ -20,6 +20,7 @@ import torch
 
 from snapstate.collective.coordinator import Coordinator
 from snapstate.engine.readorder import DirectRead, read_in_file_order
+from snapstate.engine.rollback import Rollback
 from snapstate.engine.staging import bits_view, byte_view
 from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, SkippedKeys
 from snapstate.format.dtypes import dtype_from_name
@@ -29,7 +30,7 @@ from snapstate.format.manifest import ChunkRecord, Manifest, TensorRecord
 from snapstate.planning.items import Box
 from snapstate.planning.reshard import covering_span, local_slices, overlap
 from snapstate.state.dtensor import local_box, local_data
-from snapstate.state.restore import ReadRequest, StoredTensor, plan_restore
+from snapstate.state.restore import ReadRequest, RestorePlan, StoredTensor, plan_restore
 from snapstate.storage.base import Storage
 
 DEFAULT_READ_THREADS = 4
@@ -82,27 +83,23 @@ def load_into(
     """Fill ``state`` in place. ``rank=None`` skips rank-local state.
 
     With a coordinator of several ranks and ``read_once``, bytes that several ranks need are
-    read by one of them and sent to the others (a collective: every rank calls this).
+    read by one of them and sent to the others. With several ranks the load is a collective
+    either way: the ranks agree that every read succeeded, so a corrupt or refused checkpoint
+    raises on every rank and leaves every rank's state as it was.
     """
-    from snapstate.collective.loadshare import fail_together, shared_reads, transport_ok
+    from snapstate.collective.loadshare import fail_together, transport_ok
 
-    shared = coord is not None and coord.world_size > 1 and read_once and transport_ok(coord)
     started = time.perf_counter()
+    together = coord is not None and coord.world_size > 1
+    shared = together and read_once and transport_ok(coord)  # type: ignore[arg-type]
     find = records_for(manifest, rank)
-    lookup = stored_lookup(find)
-
-    rl_trees = (
-        manifest.rank_local[rank].trees
-        if rank is not None and rank in manifest.rank_local
-        else ({} if rank is not None else None)
-    )
-    plan = plan_restore(state, manifest.tree, lookup, rl_trees)
-    if plan.mismatches and strict:
-        error = IncompatibleStateError(storage.root, plan.mismatches)
-        if shared:
-            fail_together(coord, error)  # type: ignore[arg-type]
-        raise error
-    tasks = plan_tasks(plan.reads, find)
+    try:
+        plan = _plan(state, manifest, rank, find, strict, storage.root)
+        tasks = plan_tasks(plan.reads, find)
+    except Exception as exc:
+        if together:  # the others are entering the load's first gather: fail them too
+            fail_together(coord, exc)  # type: ignore[arg-type]
+        raise
     result = LoadResult(
         storage.root,
         skipped=SkippedKeys(
@@ -110,16 +107,69 @@ def load_into(
             mismatched=plan.mismatches,
         ),
     )
-    if shared:
-        stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
-        result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
-    else:
-        result.bytes_read = run_reads(storage, tasks, threads)
+    rollback = Rollback(plan.reads)
+    try:
+        _transfer(storage, tasks, threads, coord if together else None, shared, result)
+    except BaseException:
+        rollback.restore()  # a failed load leaves the caller's tensors as they were
+        raise
+    rollback.discard()
     plan.apply_structure()  # after the reads: a corrupt checkpoint leaves the containers as they were
     for finalize in plan.finalizers:
         finalize()
     result.seconds = time.perf_counter() - started
     return result
+
+
+def _plan(
+    state: Any,
+    manifest: Manifest,
+    rank: int | None,
+    find: Callable[[str, bool], TensorRecord | None],
+    strict: bool,
+    root: str,
+) -> RestorePlan:
+    rl_trees = (
+        manifest.rank_local[rank].trees
+        if rank is not None and rank in manifest.rank_local
+        else ({} if rank is not None else None)
+    )
+    plan = plan_restore(state, manifest.tree, stored_lookup(find), rl_trees)
+    if plan.mismatches and strict:
+        raise IncompatibleStateError(root, plan.mismatches)
+    return plan
+
+
+def _transfer(
+    storage: Storage,
+    tasks: list[ReadTask],
+    threads: int,
+    coord: Coordinator | None,
+    shared: bool,
+    result: LoadResult,
+) -> None:
+    """Move the bytes by one of the two transports; with several ranks, fail on all or none."""
+    from snapstate.collective.coordinator import gather_or_raise
+    from snapstate.collective.loadshare import shared_reads
+
+    if shared:  # agrees on the reads' outcome itself, before any byte moves
+        stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
+        result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
+        return
+    if coord is None:
+        result.bytes_read = run_reads(storage, tasks, threads)
+        return
+    error: list[Exception] = []
+    try:
+        result.bytes_read = run_reads(storage, tasks, threads)
+    except Exception as exc:  # noqa: BLE001 - raised on every rank by the gather below
+        error.append(exc)
+
+    def outcome() -> None:
+        if error:
+            raise error[0]
+
+    gather_or_raise(coord, outcome)
 
 
 def stored_lookup(

@@ -14,8 +14,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from snapstate.errors import StateMismatch
+from snapstate.errors import CorruptCheckpointError, StateMismatch
 from snapstate.format.dtypes import empty_tensor
+from snapstate.format.manifest import MANIFEST
 from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key
 from snapstate.state.loaders import load_into, restore_template
@@ -36,6 +37,7 @@ class ReadRequest:
     key: str
     target: torch.Tensor
     rank_local: bool
+    fresh: bool = False  # allocated by the load itself: nothing to put back if it fails
 
 
 @dataclass
@@ -54,6 +56,9 @@ class RestorePlan:
 
 
 Lookup = Callable[[str, bool], "StoredTensor | None"]
+# The walk recurses (a few frames per level); a stored tree nested deeper than any real state
+# is refused with a clear error instead of overflowing the interpreter's stack.
+MAX_TREE_DEPTH = 200
 _MISSING = object()
 
 
@@ -83,6 +88,7 @@ class _Walk:
     plan: RestorePlan
     # optimizer state path -> its parameter
     templates: dict[str, torch.Tensor] = field(default_factory=dict)
+    depth: int = 0  # structure nodes open on the walk's stack
 
 
 def plan_restore(
@@ -114,6 +120,23 @@ def _restore(
     ``rebuild`` is true inside Stateful objects: there the checkpoint's structure wins, so
     containers the target lacks (lazily created optimizer state) are built from the manifest.
     """
+    if walk.depth >= MAX_TREE_DEPTH:
+        shown = path if len(path) <= 120 else path[:120] + "..."
+        raise CorruptCheckpointError(
+            f"the stored structure is nested deeper than {MAX_TREE_DEPTH} levels",
+            file=MANIFEST,
+            key=shown,
+        )
+    walk.depth += 1
+    try:
+        return _restore_node(target, node, path, walk, rebuild, rank_local)
+    finally:
+        walk.depth -= 1
+
+
+def _restore_node(
+    target: Any, node: Node, path: str, walk: _Walk, rebuild: bool, rank_local: bool
+) -> Any:
     if "t" in node or "n" in node:
         return _restore_tensor(target, node, path, walk, rank_local)
     if "v" in node:
@@ -265,7 +288,7 @@ def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> 
     )
     placed = allocate_like(template, stored.shape, stored.dtype) if template is not None else None
     tensor = placed if placed is not None else empty_tensor(stored.shape, stored.dtype)
-    walk.plan.reads.append(ReadRequest(key, tensor, rank_local))
+    walk.plan.reads.append(ReadRequest(key, tensor, rank_local, fresh=True))
     if stored.kind == "tensor":
         return tensor
     array = tensor.numpy()
