@@ -115,9 +115,8 @@ class CheckpointManager:
         steps = (
             self.steps() if self.coord.world_size == 1 else self.coord.all_gather(self.steps())[0]
         )
-        for candidate in reversed(
-            steps
-        ):  # rank 0's listing: every rank tries the same steps in the same order
+        # rank 0's listing: every rank tries the same steps in the same order
+        for candidate in reversed(steps):
             error = self._try_load(state, candidate, strict)
             if error is None:
                 return candidate
@@ -134,7 +133,13 @@ class CheckpointManager:
         handle, self._pending = self._pending, None
         if handle is None:
             return None
-        result = handle.wait()
+        seen = handle.observed
+        try:
+            result = handle.wait()
+        except Exception:
+            if seen:  # the caller already got this error from handle.wait(): report it once
+                return None
+            raise
         self._apply_retention()
         return result
 
