@@ -8,6 +8,7 @@ import threading
 from typing import Any, Literal
 
 from snapstate.collective.coordinator import default_coordinator
+from snapstate.collective.loadshare import fail_together
 from snapstate.collective.topology import use_read_once
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult, load_into
@@ -126,8 +127,6 @@ def load(
         manifest = read_manifest(storage)
     except CheckpointError as exc:
         if coord.world_size > 1:  # the others are entering the load's collective: fail them too
-            from snapstate.collective.loadshare import fail_together
-
             fail_together(coord, exc)
         raise
     rank = coord.rank if rank_local == "load" else None

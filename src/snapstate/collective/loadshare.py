@@ -17,11 +17,17 @@ from typing import Any
 import torch
 
 from snapstate.collective.coordinator import Coordinator, gather_or_raise
-from snapstate.engine.load import ReadTask, _read, _select, _verify
+from snapstate.engine.chunkread import (
+    ReadTask,
+    chunk_box,
+    read_bytes,
+    reads_whole_chunk,
+    select,
+    task_itemsize,
+    verify,
+)
 from snapstate.engine.staging import bits_view, byte_view
 from snapstate.format.dtypes import dtype_from_name
-from snapstate.format.dtypes import itemsize as dtype_itemsize
-from snapstate.planning.items import Box
 from snapstate.planning.readplan import DEFAULT_BATCH_BYTES, Batch, ReadPlan, Span, plan_reads
 from snapstate.planning.reshard import covering_span
 from snapstate.storage.base import Storage
@@ -39,12 +45,7 @@ class Need:
     @property
     def direct(self) -> bool:
         """The span is exactly one task's contiguous CPU target: read or receive straight into it."""
-        if len(self.tasks) != 1:
-            return False
-        t = self.tasks[0]
-        return (
-            t.part == _chunk_box(t) and t.target.is_contiguous() and t.target.device.type == "cpu"
-        )
+        return len(self.tasks) == 1 and reads_whole_chunk(self.tasks[0])
 
 
 @dataclass
@@ -117,10 +118,10 @@ def group_needs(tasks: list[ReadTask]) -> dict[Span, Need]:
 def task_span(task: ReadTask) -> tuple[Span, int]:
     """The bytes a task reads: the whole chunk, or the block-aligned span covering its part."""
     chunk = task.chunk
-    box = _chunk_box(task)
+    box = chunk_box(task)
     if task.part == box:
         return Span(chunk.file, chunk.start, chunk.end), 0
-    span = covering_span(box, task.part, _itemsize(task), chunk.block_bytes)
+    span = covering_span(box, task.part, task_itemsize(task), chunk.block_bytes)
     return Span(chunk.file, chunk.start + span.start, chunk.start + span.end), span.first_block
 
 
@@ -128,8 +129,8 @@ def _read_need(storage: Storage, need: Need, stats: SharedLoadStats, finish: boo
     buffer = _buffer(need)
     task = need.tasks[0]
     view = byte_view(buffer)
-    _read(storage, task.chunk, need.span.start, view, task.key)
-    _verify(view, need.first_block, task.chunk, task.key)
+    read_bytes(storage, task.chunk, need.span.start, view, task.key)
+    verify(view, need.first_block, task.chunk, task.key)
     stats.add_read(need.span.nbytes)
     need.buffer = buffer
     if finish:
@@ -148,12 +149,12 @@ def _copy_out(need: Need) -> None:
         return
     chunk_start = need.tasks[0].chunk.start
     for task in need.tasks:
-        box = _chunk_box(task)
+        box = chunk_box(task)
         dtype = dtype_from_name(task.record.dtype)
         span_start = need.span.start - chunk_start
         row_start = task.part.offsets[0] - box.offsets[0] if box.sizes else 0
-        selected = _select(
-            need.buffer, span_start, row_start, box, task.part, dtype, _itemsize(task)
+        selected = select(
+            need.buffer, span_start, row_start, box, task.part, dtype, task_itemsize(task)
         )
         bits_view(task.target).copy_(bits_view(selected))
     need.buffer = None
@@ -224,11 +225,3 @@ def _run_parallel(fn: Any, items: list[Any], threads: int) -> None:
         return
     with ThreadPoolExecutor(threads, thread_name_prefix="snapstate-read") as pool:
         list(pool.map(fn, items))
-
-
-def _chunk_box(task: ReadTask) -> Box:
-    return Box(tuple(task.chunk.offsets), tuple(task.chunk.sizes))
-
-
-def _itemsize(task: ReadTask) -> int:
-    return dtype_itemsize(dtype_from_name(task.record.dtype))

@@ -6,6 +6,7 @@ import socket
 import weakref
 
 from snapstate.collective.coordinator import Coordinator
+from snapstate.collective.loadshare import transport_ok
 
 # coordinator -> number of distinct hosts among its ranks (a group's hosts never change)
 _hosts: weakref.WeakKeyDictionary[Coordinator, int] = weakref.WeakKeyDictionary()
@@ -29,8 +30,6 @@ def use_read_once(coord: Coordinator, read_once: bool | None) -> bool:
     loopback), so each rank reads its own ranges. Across hosts storage is the shared
     bottleneck and each shared byte is read once. Every rank must pass the same value.
     """
-    from snapstate.collective.loadshare import transport_ok
-
     if coord.world_size == 1 or read_once is False or not transport_ok(coord):
         return False
     if read_once is True:

@@ -8,7 +8,6 @@ blocks, and copies the overlap out.
 from __future__ import annotations
 
 import functools
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -18,15 +17,22 @@ from typing import Any
 
 import torch
 
-from snapstate.collective.coordinator import Coordinator
+from snapstate.collective.coordinator import Coordinator, gather_or_raise
+from snapstate.collective.loadshare import fail_together, shared_reads, transport_ok
+from snapstate.engine.chunkread import (
+    ReadTask,
+    read_bytes,
+    reads_whole_chunk,
+    select,
+    verify,
+)
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
 from snapstate.engine.staging import bits_view, byte_view
-from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, SkippedKeys
+from snapstate.errors import IncompatibleStateError, SkippedKeys
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.format.dtypes import itemsize as dtype_itemsize
-from snapstate.format.integrity import verify_blocks
-from snapstate.format.manifest import ChunkRecord, Manifest, TensorRecord
+from snapstate.format.manifest import Manifest, TensorRecord
 from snapstate.planning.items import Box
 from snapstate.planning.reshard import covering_span, local_slices, overlap
 from snapstate.state.dtensor import local_box, local_data
@@ -47,15 +53,6 @@ class LoadResult:
         0  # from other ranks that read shared bytes once for all (distributed loads)
     )
     skipped: SkippedKeys = field(default_factory=SkippedKeys)
-
-
-@dataclass(frozen=True)
-class ReadTask:
-    key: str
-    record: TensorRecord
-    chunk: ChunkRecord
-    part: Box  # the overlap, in global coordinates
-    target: torch.Tensor  # the slice of the target's local data that receives ``part``
 
 
 def records_for(manifest: Manifest, rank: int | None) -> Callable[[str, bool], TensorRecord | None]:
@@ -87,8 +84,6 @@ def load_into(
     either way: the ranks agree that every read succeeded, so a corrupt or refused checkpoint
     raises on every rank and leaves every rank's state as it was.
     """
-    from snapstate.collective.loadshare import fail_together, transport_ok
-
     started = time.perf_counter()
     together = coord is not None and coord.world_size > 1
     shared = together and read_once and transport_ok(coord)  # type: ignore[arg-type]
@@ -149,9 +144,6 @@ def _transfer(
     result: LoadResult,
 ) -> None:
     """Move the bytes by one of the two transports; with several ranks, fail on all or none."""
-    from snapstate.collective.coordinator import gather_or_raise
-    from snapstate.collective.loadshare import shared_reads
-
     if shared:  # agrees on the reads' outcome itself, before any byte moves
         stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
         result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
@@ -216,8 +208,8 @@ def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[Rea
 def run_reads(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
     """Whole chunks go straight into their targets, shard by shard in file order; the rest
     (resharding overlaps) read their covering spans on a thread pool."""
-    direct = [_direct_read(t) for t in tasks if _reads_whole_chunk(t)]
-    tasks = [t for t in tasks if not _reads_whole_chunk(t)]
+    direct = [_direct_read(t) for t in tasks if reads_whole_chunk(t)]
+    tasks = [t for t in tasks if not reads_whole_chunk(t)]
     counter = _Counter()
     counter.add(read_in_file_order(storage, direct, threads))
     if threads <= 1 or len(tasks) <= 1:
@@ -230,15 +222,6 @@ def run_reads(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
     return counter.value
 
 
-def _reads_whole_chunk(task: ReadTask) -> bool:
-    chunk = task.chunk
-    return (
-        task.part == Box(tuple(chunk.offsets), tuple(chunk.sizes))
-        and task.target.is_contiguous()
-        and task.target.device.type == "cpu"
-    )
-
-
 def _direct_read(task: ReadTask) -> DirectRead:
     out = byte_view(task.target)
     return DirectRead(
@@ -246,7 +229,7 @@ def _direct_read(task: ReadTask) -> DirectRead:
         task.chunk.start,
         out,
         task.key,
-        functools.partial(_verify, out, 0, task.chunk, task.key),
+        functools.partial(verify, out, 0, task.chunk, task.key),
     )
 
 
@@ -257,66 +240,20 @@ def read_one(storage: Storage, task: ReadTask) -> int:
     chunk_box = Box(tuple(chunk.offsets), tuple(chunk.sizes))
     itemsize = dtype_itemsize(dtype)
     nbytes = chunk_box.numel * itemsize
-    if task.part == chunk_box and task.target.is_contiguous() and task.target.device.type == "cpu":
+    if reads_whole_chunk(task):
         target_bytes = byte_view(task.target)
-        _read(storage, chunk, chunk.start, target_bytes, task.key)
-        _verify(target_bytes, 0, chunk, task.key)
+        read_bytes(storage, chunk, chunk.start, target_bytes, task.key)
+        verify(target_bytes, 0, chunk, task.key)
         return nbytes
     span = covering_span(chunk_box, task.part, itemsize, chunk.block_bytes)
     buffer = torch.empty(span.end - span.start, dtype=torch.uint8)
     view = byte_view(buffer)
-    _read(storage, chunk, chunk.start + span.start, view, task.key)
-    _verify(view, span.first_block, chunk, task.key)
+    read_bytes(storage, chunk, chunk.start + span.start, view, task.key)
+    verify(view, span.first_block, chunk, task.key)
     bits_view(task.target).copy_(
-        bits_view(
-            _select(buffer, span.start, span.row_start, chunk_box, task.part, dtype, itemsize)
-        )
+        bits_view(select(buffer, span.start, span.row_start, chunk_box, task.part, dtype, itemsize))
     )
     return len(view)
-
-
-def _select(
-    buffer: torch.Tensor,
-    span_start: int,
-    row_start: int,
-    chunk: Box,
-    part: Box,
-    dtype: torch.dtype,
-    itemsize: int,
-) -> torch.Tensor:
-    if not chunk.sizes:
-        return buffer.view(dtype).view(())
-    row_bytes = math.prod(chunk.sizes[1:]) * itemsize
-    begin = row_start * row_bytes - span_start
-    rows = (
-        buffer[begin : begin + part.sizes[0] * row_bytes]
-        .view(dtype)
-        .view(part.sizes[0], *chunk.sizes[1:])
-    )
-    inner = tuple(
-        slice(p - c, p - c + s)
-        for p, c, s in zip(part.offsets[1:], chunk.offsets[1:], part.sizes[1:])
-    )
-    return rows[(slice(None), *inner)]
-
-
-def _read(storage: Storage, chunk: ChunkRecord, offset: int, out: memoryview, key: str) -> None:
-    try:
-        storage.read_into(chunk.file, offset, out)
-    except FileNotFoundError:
-        raise CorruptCheckpointError("shard file is missing", file=chunk.file, key=key) from None
-    except EOFError as exc:
-        raise CorruptCheckpointError(
-            f"shard file is truncated: {exc}", file=chunk.file, key=key
-        ) from None
-
-
-def _verify(data: memoryview, first_block: int, chunk: ChunkRecord, key: str) -> None:
-    bad = verify_blocks(data, first_block, chunk.block_bytes, chunk.xxh3)
-    if bad is not None:
-        raise CorruptCheckpointError(
-            f"checksum mismatch in block {bad} of chunk {chunk.name!r}", file=chunk.file, key=key
-        )
 
 
 class _Counter:

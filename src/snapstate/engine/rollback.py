@@ -15,7 +15,8 @@ class Rollback:
     Chunks are read straight into their targets (no staging copy on the fast path) and only
     verified afterwards, so the old values must be kept aside until every read has passed.
     Freshly allocated tensors need no copy: nobody else holds them. Copies of accelerator
-    tensors go to host memory, where space is rarely the limit.
+    tensors go to host memory, where space is rarely the limit. One clone per tensor: measured
+    faster than copies into one fresh slab, whose pages all fault in on first touch.
     """
 
     def __init__(self, reads: list[ReadRequest]) -> None:

@@ -1,0 +1,53 @@
+"""Rank side of the failed-load test: a corrupt byte that only rank 1 reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+import snapstate as ss
+
+from .common import pattern
+
+
+def _state(rank: int, step: int) -> dict[str, Any]:
+    return {
+        "w": pattern((256, 64), step),
+        "mine": ss.RankLocal({"x": pattern((512,), 10 * rank + step)}),
+        "step": step,
+    }
+
+
+def _corrupt_rank_local(path: str, rank: int) -> None:
+    record = ss.inspect(path).rank_local[rank].tensors
+    chunk = next(iter(record.values())).chunks[0]
+    with open(Path(path) / chunk.file, "r+b") as f:
+        f.seek(chunk.start + 5)
+        byte = f.read(1)
+        f.seek(chunk.start + 5)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def corrupt_on_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Save, corrupt rank 1's own bytes, load with the given transport on every rank."""
+    ss.save(_state(rank, 1), args["path"])
+    dist.barrier()
+    if rank == 0:
+        _corrupt_rank_local(args["path"], 1)
+    dist.barrier()
+    state = _state(rank, 2)
+    before = _state(rank, 2)
+    error = ""
+    try:
+        ss.load(state, args["path"], read_once=args["read_once"])
+    except ss.CheckpointError as exc:
+        error = type(exc).__name__
+    unchanged = (
+        torch.equal(state["w"], before["w"])
+        and torch.equal(state["mine"].value["x"], before["mine"].value["x"])
+        and state["step"] == 2
+    )
+    return {"error": error, "unchanged": unchanged}

@@ -1,0 +1,24 @@
+"""A load that fails on one rank raises on every rank and leaves every rank's state as it was."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .launch import RankServer
+
+pytestmark = pytest.mark.dist
+
+
+@pytest.mark.parametrize("read_once", [None, True, False], ids=["auto", "read-once", "own-reads"])
+def test_corrupt_bytes_of_one_rank_fail_every_rank(
+    ranks: RankServer, tmp_path: Path, read_once: bool | None
+) -> None:
+    args = {"path": str(tmp_path / "ckpt"), "read_once": read_once}
+    results = ranks.run(
+        "collective.scen_failed_load:corrupt_on_one_rank", 2, args, tmp_path / "job"
+    ).check()
+    assert results[1]["error"] == "CorruptCheckpointError"
+    assert results[0]["error"] in ("CorruptCheckpointError", "CheckpointWorkerError")
+    assert all(r["unchanged"] for r in results), results
