@@ -5,8 +5,11 @@ from __future__ import annotations
 import json
 import math
 import posixpath
+import re
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
+
+import xxhash
 
 from snapstate.errors import CorruptCheckpointError, UnsupportedFormatError
 from snapstate.format.dtypes import dtype_from_name, itemsize
@@ -14,10 +17,13 @@ from snapstate.format.integrity import block_count
 from snapstate.format.tree import tree_problem
 
 FORMAT_NAME = "snapstate"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the manifest ends with its own "checksum" (1 is still read)
+READ_VERSIONS = (1, 2)
 MANIFEST = "manifest.json"
 MAX_MANIFEST_BYTES = 1 << 30
 MAX_INT = (1 << 63) - 1  # sizes, offsets and byte positions must fit torch's and the OS's int64
+# The checksum is the last member, written byte-exactly: the digest covers the raw bytes before it.
+CHECKSUM_TAIL = re.compile(rb',"checksum":"([0-9a-f]{16})"\}\s*\Z')
 
 
 @dataclass
@@ -78,9 +84,10 @@ class Manifest:
         # asdict deep-copies every chunk and took most of the commit time at 10^5 chunks.
         body = {f.name: getattr(self, f.name) for f in fields(self)}
         ordered = {"format": body.pop("format"), "version": body.pop("version"), **body}
-        return json.dumps(
+        raw = json.dumps(
             ordered, separators=(",", ":"), allow_nan=False, default=_record_fields
         ).encode()
+        return seal(raw)
 
     def all_tensors(self) -> dict[str, TensorRecord]:
         """Global tensors plus rank-local ones under ``rank<r>/<key>``, for listing and verifying."""
@@ -96,28 +103,66 @@ def _record_fields(obj: Any) -> dict[str, Any]:
     raise TypeError(f"{type(obj).__name__} is not JSON serializable")
 
 
-def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
-    """Parse and validate; every problem is a CorruptCheckpointError naming the file and key."""
+def manifest_digest(body: bytes) -> str:
+    """xxh3-64 of the manifest's bytes before its checksum member, as 16 hex digits."""
+    return xxhash.xxh3_64_hexdigest(body)
+
+
+def seal(raw: bytes) -> bytes:
+    """A JSON object's bytes with the "checksum" member appended last (format version 2)."""
+    body = raw.rstrip()
+    if not body.endswith(b"}") or body[:-1].rstrip().endswith(b"{"):
+        raise ValueError("only a non-empty JSON object can be sealed")
+    body = body[:-1].rstrip()
+    return body + b',"checksum":"' + manifest_digest(body).encode() + b'"}'
+
+
+def _load_json(raw: bytes, file: str) -> dict[str, Any]:
     try:
-        doc = json.loads(raw)
-    except (
-        ValueError,
-        RecursionError,
-    ) as exc:  # ValueError: bad JSON, bad UTF-8, ints of 4300+ digits
+        doc = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        # ValueError: bad JSON, bad UTF-8, ints of 4300+ digits, NaN/Infinity
         raise CorruptCheckpointError(f"manifest is not valid JSON: {exc}", file=file) from None
-    v = _Validator(file)
-    v.require(isinstance(doc, dict), "manifest is not a JSON object")
+    if not isinstance(doc, dict):
+        raise CorruptCheckpointError("manifest is not a JSON object", file=file)
+    return doc
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not allowed in a manifest")
+
+
+def _check_version(doc: dict[str, Any], raw: bytes, file: str) -> None:
     if doc.get("format") != FORMAT_NAME:
         raise UnsupportedFormatError(
             f"format {doc.get('format')!r} is not {FORMAT_NAME!r}", file=file
         )
-    if (
-        type(doc.get("version")) is not int or doc.get("version") != FORMAT_VERSION
-    ):  # not 1.0, not true
+    version = doc.get("version")
+    if type(version) is not int or version not in READ_VERSIONS:  # not 1.0, not true
         raise UnsupportedFormatError(
-            f"format version {doc.get('version')!r} is not supported (this library reads {FORMAT_VERSION})",
+            f"format version {version!r} is not supported (this library reads {READ_VERSIONS})",
             file=file,
         )
+    if version < 2:
+        return
+    tail = CHECKSUM_TAIL.search(raw)
+    if tail is None:
+        raise CorruptCheckpointError(
+            "manifest does not end with its checksum", file=file, key="checksum"
+        )
+    if manifest_digest(raw[: tail.start()]) != tail.group(1).decode():
+        raise CorruptCheckpointError(
+            "manifest checksum does not match its bytes (the manifest was altered or torn)",
+            file=file,
+            key="checksum",
+        )
+
+
+def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
+    """Parse and validate; every problem is a CorruptCheckpointError naming the file and key."""
+    doc = _load_json(raw, file)
+    _check_version(doc, raw, file)
+    v = _Validator(file)
     files = {
         v.path(p, "files"): v.file_record(p, r)
         for p, r in v.mapping(doc.get("files"), "files").items()
