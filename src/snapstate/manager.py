@@ -16,13 +16,14 @@ from snapstate import api
 from snapstate.collective.coordinator import Coordinator, default_coordinator
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.save import SaveOptions
-from snapstate.errors import CheckpointError
+from snapstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from snapstate.lock import RootLock
 from snapstate.retention import steps_to_delete
 from snapstate.storage.base import Storage, storage_for
 
 log = logging.getLogger("snapstate")
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
+CORRUPT_SUFFIX = ".corrupt"  # a step set aside by restore(); no longer a step, kept to inspect
 
 
 def step_dir(step: int) -> str:
@@ -115,24 +116,32 @@ class CheckpointManager:
         steps = (
             self.steps() if self.coord.world_size == 1 else self.coord.all_gather(self.steps())[0]
         )
-        for candidate in reversed(
-            steps
-        ):  # rank 0's listing: every rank tries the same steps in the same order
-            error = self._try_load(state, candidate, strict)
+        # rank 0's listing: every rank tries the same steps in the same order
+        for candidate in reversed(steps):
+            error, corrupt = self._try_load(state, candidate, strict)
             if error is None:
                 return candidate
             self.corrupt_steps[candidate] = error
+            aside = self._set_aside(candidate) if corrupt else None
             log.warning(
-                "snapstate: checkpoint step %d is not usable (%s); trying the previous one",
+                "snapstate: checkpoint step %d is not usable (%s)%s; trying the previous one",
                 candidate,
                 error,
+                f"; set aside as {aside}" if aside else "",
             )
         return None
 
     def wait(self) -> SaveResult | None:
-        """Wait for the save in flight (raising its error), then apply retention."""
+        """Wait for the save in flight (raising its error), then apply retention.
+
+        An error the caller already met on the handle's own ``wait()`` is not raised again:
+        it would fail the next, unrelated ``save`` and leave that step unsaved.
+        """
         handle, self._pending = self._pending, None
         if handle is None:
+            return None
+        if handle.error_raised:
+            log.info("snapstate: the failed save was already reported by its handle's wait()")
             return None
         result = handle.wait()
         self._apply_retention()
@@ -153,15 +162,54 @@ class CheckpointManager:
         self.close()
 
     # -- internals ---------------------------------------------------------------
-    def _try_load(self, state: Any, step: int, strict: bool) -> str | None:
-        """Load on every rank; all ranks agree on success so they pick the same step."""
+    def _try_load(self, state: Any, step: int, strict: bool) -> tuple[str | None, bool]:
+        """Load on every rank; all ranks agree on success so they pick the same step.
+
+        Returns the first rank's error (None on success) and whether the step itself is broken
+        (corrupt or torn on some rank), as opposed to a state that does not fit it.
+        """
         try:
             api.load(state, self.path(step), strict=strict, process_group=self.process_group)
-            outcome = ""
+            outcome: tuple[str, bool] = ("", False)
+        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
+            outcome = (f"{type(exc).__name__}: {exc}", True)
         except (CheckpointError, OSError) as exc:
-            outcome = f"{type(exc).__name__}: {exc}"
-        failures = [o for o in self.coord.all_gather(outcome) if o]
-        return failures[0] if failures else None
+            outcome = (f"{type(exc).__name__}: {exc}", False)
+        failures = [o for o in self.coord.all_gather(outcome) if o[0]]
+        if not failures:
+            return None, False
+        return failures[0][0], any(corrupt for _, corrupt in failures)
+
+    def _set_aside(self, step: int) -> str | None:
+        """Make a broken step invisible (rank 0, after every rank gave up on it), so that the
+        next ``save(step)``, ``latest_step()`` and retention behave as if it never committed."""
+        if self.coord.rank != 0:
+            return None
+        name = step_dir(step)
+        existing = set(self.storage.listdir())
+        aside = next(
+            f"{name}{CORRUPT_SUFFIX}{n or ''}"
+            for n in range(len(existing) + 1)
+            if f"{name}{CORRUPT_SUFFIX}{n or ''}" not in existing
+        )
+        rename = getattr(self.storage, "rename_tree", None)
+        try:
+            if rename is not None:
+                rename(name, aside)
+                return aside
+            # No atomic rename (object stores): uncommit in place, keeping the manifest's bytes.
+            self.storage.write_atomic(f"{name}/manifest.json{CORRUPT_SUFFIX}", self._raw(name))
+            self.storage.remove(f"{name}/manifest.json")
+            return f"{name} (uncommitted; manifest kept as manifest.json{CORRUPT_SUFFIX})"
+        except OSError as exc:
+            log.warning("snapstate: could not set aside broken step %d: %s", step, exc)
+            return None
+
+    def _raw(self, name: str) -> bytes:
+        try:
+            return self.storage.read_bytes(f"{name}/manifest.json")
+        except OSError:
+            return b""
 
     def _step_dirs(self) -> list[tuple[int, str]]:
         return [

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from snapstate.errors import CheckpointTimeoutError
+
 
 @dataclass
 class SaveResult:
@@ -33,6 +35,7 @@ class SaveHandle:
         self._result = result
         self._error: BaseException | None = None
         self.observed = result is not None
+        self.error_raised = False  # the caller has met the error: a manager does not raise it again
         self._thread: threading.Thread | None = None
         if run is not None:
             self._thread = threading.Thread(
@@ -53,9 +56,10 @@ class SaveHandle:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                raise TimeoutError(f"save still running after {timeout}s")
+                raise CheckpointTimeoutError(f"save still running after {timeout}s")
         self.observed = True
         if self._error is not None:
+            self.error_raised = True
             raise self._error
         assert self._result is not None
         return self._result

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import posixpath
 import shutil
+import stat
 import sys
 from collections.abc import Callable
 
@@ -136,6 +139,27 @@ class LocalStorage:
             f.seek(offset)
             return f.read() if length is None else f.read(length)
 
+    def read_regular(self, path: str, cap: int) -> bytes:
+        """The bytes of a regular file, at most ``cap`` (``cap + 1`` read to detect more).
+
+        Refuses symlinks (O_NOFOLLOW), FIFOs and devices (O_NONBLOCK, then fstat) with
+        OSError(EINVAL); the byte cap does not trust ``st_size`` (/proc files report 0).
+        """
+        fd = os.open(self._full(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", self._full(path))
+            chunks, got = [], 0
+            while got <= cap:
+                piece = os.read(fd, min(cap + 1 - got, 16 << 20))
+                if not piece:
+                    break
+                chunks.append(piece)
+                got += len(piece)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
     def size(self, path: str) -> int:
         return os.stat(self._full(path)).st_size
 
@@ -162,6 +186,13 @@ class LocalStorage:
 
     def makedirs(self, path: str = "") -> None:
         os.makedirs(self._full(path), exist_ok=True)
+
+    def rename_tree(self, src: str, dst: str) -> None:
+        """Atomic rename of a directory (one ``rename(2)``); refuses to replace ``dst``."""
+        if os.path.lexists(self._full(dst)):
+            raise FileExistsError(errno.EEXIST, "refusing to replace", self._full(dst))
+        os.rename(self._full(src), self._full(dst))
+        self.sync_dir(posixpath.dirname(dst))
 
     def sync_dir(self, path: str = "") -> None:
         fd = os.open(self._full(path), os.O_RDONLY | os.O_DIRECTORY)
