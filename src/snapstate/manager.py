@@ -16,14 +16,20 @@ from snapstate import api
 from snapstate.collective.coordinator import Coordinator, default_coordinator
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.save import SaveOptions
-from snapstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
+from snapstate.errors import (
+    CheckpointError,
+    CheckpointNotFoundError,
+    CorruptCheckpointError,
+    UnsupportedFormatError,
+)
 from snapstate.lock import RootLock
 from snapstate.retention import steps_to_delete
 from snapstate.storage.base import Storage, storage_for
+from snapstate.storage.local import LocalStorage
 
 log = logging.getLogger("snapstate")
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
-CORRUPT_SUFFIX = ".corrupt"  # a step set aside by restore(); no longer a step, kept to inspect
+SET_ASIDE = "manifest.json.corrupt"  # where a set-aside step's manifest goes (object stores)
 
 
 def step_dir(step: int) -> str:
@@ -108,6 +114,9 @@ class CheckpointManager:
 
         A latest checkpoint that fails validation is reported (logged, and kept in
         ``corrupt_steps``) and the one before it is used; an explicit ``step`` must load.
+        A step found damaged (torn, truncated, missing files: not merely incompatible with
+        ``state``) is set aside, so that training can save that step again and retention and
+        ``latest_step`` ignore it; its bytes are kept for inspection (``_set_aside``).
         """
         self.wait()
         if step is not None:
@@ -118,32 +127,31 @@ class CheckpointManager:
         )
         # rank 0's listing: every rank tries the same steps in the same order
         for candidate in reversed(steps):
-            error, corrupt = self._try_load(state, candidate, strict)
+            error, damaged = self._try_load(state, candidate, strict)
             if error is None:
                 return candidate
             self.corrupt_steps[candidate] = error
-            aside = self._set_aside(candidate) if corrupt else None
             log.warning(
-                "snapstate: checkpoint step %d is not usable (%s)%s; trying the previous one",
+                "snapstate: checkpoint step %d is not usable (%s); trying the previous one",
                 candidate,
                 error,
-                f"; set aside as {aside}" if aside else "",
             )
+            if damaged:
+                self._set_aside(candidate)
         return None
 
     def wait(self) -> SaveResult | None:
-        """Wait for the save in flight (raising its error), then apply retention.
-
-        An error the caller already met on the handle's own ``wait()`` is not raised again:
-        it would fail the next, unrelated ``save`` and leave that step unsaved.
-        """
+        """Wait for the save in flight (raising its error), then apply retention."""
         handle, self._pending = self._pending, None
         if handle is None:
             return None
-        if handle.error_raised:
-            log.info("snapstate: the failed save was already reported by its handle's wait()")
-            return None
-        result = handle.wait()
+        seen = handle.observed
+        try:
+            result = handle.wait()
+        except Exception:
+            if seen:  # the caller already got this error from handle.wait(): report it once
+                return None
+            raise
         self._apply_retention()
         return result
 
@@ -165,51 +173,43 @@ class CheckpointManager:
     def _try_load(self, state: Any, step: int, strict: bool) -> tuple[str | None, bool]:
         """Load on every rank; all ranks agree on success so they pick the same step.
 
-        Returns the first rank's error (None on success) and whether the step itself is broken
-        (corrupt or torn on some rank), as opposed to a state that does not fit it.
+        Returns the first failure (None on success) and whether any rank found the step
+        damaged rather than incompatible or of a newer format.
         """
         try:
             api.load(state, self.path(step), strict=strict, process_group=self.process_group)
             outcome: tuple[str, bool] = ("", False)
-        except (CorruptCheckpointError, CheckpointNotFoundError) as exc:
-            outcome = (f"{type(exc).__name__}: {exc}", True)
         except (CheckpointError, OSError) as exc:
-            outcome = (f"{type(exc).__name__}: {exc}", False)
-        failures = [o for o in self.coord.all_gather(outcome) if o[0]]
+            outcome = (f"{type(exc).__name__}: {exc}", _is_damage(exc))
+        gathered = self.coord.all_gather(outcome)
+        failures = [o for o in gathered if o[0]]
         if not failures:
             return None, False
-        return failures[0][0], any(corrupt for _, corrupt in failures)
+        return failures[0][0], any(bool(damaged) for _, damaged in failures)
 
-    def _set_aside(self, step: int) -> str | None:
-        """Make a broken step invisible (rank 0, after every rank gave up on it), so that the
-        next ``save(step)``, ``latest_step()`` and retention behave as if it never committed."""
+    def _set_aside(self, step: int) -> None:
+        """Take a damaged step out of the run, keeping its bytes: ``step-N.corrupt`` on local
+        disks (one rename), else its manifest moved to ``manifest.json.corrupt``."""
         if self.coord.rank != 0:
-            return None
+            return
         name = step_dir(step)
-        existing = set(self.storage.listdir())
-        aside = next(
-            f"{name}{CORRUPT_SUFFIX}{n or ''}"
-            for n in range(len(existing) + 1)
-            if f"{name}{CORRUPT_SUFFIX}{n or ''}" not in existing
-        )
-        rename = getattr(self.storage, "rename_tree", None)
         try:
-            if rename is not None:
-                rename(name, aside)
-                return aside
-            # No atomic rename (object stores): uncommit in place, keeping the manifest's bytes.
-            self.storage.write_atomic(f"{name}/manifest.json{CORRUPT_SUFFIX}", self._raw(name))
-            self.storage.remove(f"{name}/manifest.json")
-            return f"{name} (uncommitted; manifest kept as manifest.json{CORRUPT_SUFFIX})"
-        except OSError as exc:
-            log.warning("snapstate: could not set aside broken step %d: %s", step, exc)
-            return None
-
-    def _raw(self, name: str) -> bytes:
-        try:
-            return self.storage.read_bytes(f"{name}/manifest.json")
-        except OSError:
-            return b""
+            if isinstance(self.storage, LocalStorage):
+                target = _free_name(self.storage, f"{name}.corrupt")
+                os.rename(self.storage._full(name), self.storage._full(target))
+                self.storage.sync_dir()
+            else:
+                manifest = f"{name}/manifest.json"
+                if self.storage.exists(manifest):
+                    self.storage.write_atomic(
+                        f"{name}/{SET_ASIDE}", self.storage.read_bytes(manifest)
+                    )
+                    self.storage.remove(manifest)
+                target = f"{name}/{SET_ASIDE}"
+        except (OSError, CheckpointError) as exc:
+            log.warning("snapstate: could not set aside damaged step %d: %s", step, exc)
+            return
+        log.warning("snapstate: damaged checkpoint step %d set aside as %s", step, target)
 
     def _step_dirs(self) -> list[tuple[int, str]]:
         return [
@@ -220,7 +220,8 @@ class CheckpointManager:
 
     def _remove_uncommitted(self) -> None:
         for _, name in self._step_dirs():
-            if not self.storage.exists(f"{name}/manifest.json"):
+            committed = self.storage.exists(f"{name}/manifest.json")
+            if not committed and not self.storage.exists(f"{name}/{SET_ASIDE}"):
                 log.info("snapstate: removing uncommitted leftover %s", name)
                 self.storage.remove_tree(name)
 
@@ -232,3 +233,21 @@ class CheckpointManager:
             # Uncommit first (manifest gone = invisible), then delete the bytes.
             self.storage.remove(f"{name}/manifest.json")
             self.storage.remove_tree(name)
+
+
+def _is_damage(exc: BaseException) -> bool:
+    """Bytes on disk that are wrong or gone (set aside), not a mismatch with the caller's state
+    or a format this version cannot read (kept: a newer snapstate may load it)."""
+    if isinstance(exc, UnsupportedFormatError):
+        return False
+    return isinstance(exc, (CorruptCheckpointError, CheckpointNotFoundError, FileNotFoundError))
+
+
+def _free_name(storage: Storage, name: str) -> str:
+    """``name``, or ``name.1``, ``name.2``... if a step was set aside under it before."""
+    taken = set(storage.listdir())
+    candidate, n = name, 0
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}.{n}"
+    return candidate

@@ -92,8 +92,8 @@ def test_value_edit_that_still_parses_is_refused(checkpoint: tuple[Path, dict[st
     ckpt, state = checkpoint
     path = ckpt / "manifest.json"
     raw = path.read_bytes()
-    assert raw.count(b'"epoch":7') == 1
-    path.write_bytes(raw.replace(b'"epoch":7', b'"epoch":5'))
+    assert raw.count(b'["epoch",{"v":7}]') == 1
+    path.write_bytes(raw.replace(b'["epoch",{"v":7}]', b'["epoch",{"v":5}]'))
     with pytest.raises(ss.CorruptCheckpointError, match="checksum"):
         ss.load(blank_like(state), ckpt)
     with pytest.raises(ss.CorruptCheckpointError, match="checksum"):

@@ -235,8 +235,8 @@ def test_restore_skips_a_corrupt_latest_step(
         assert target["step"] == 2
         assert_bitwise_equal(target["w"], torch.full((64,), 2.0))
         assert_bitwise_equal(target["nested"]["b"], torch.arange(3))
-        # Reported and set aside, not deleted (issue 12 item 1): the bytes stay to inspect.
-        assert mgr.steps() == [1, 2]
+        # set aside, not deleted: out of the run, its bytes kept for inspection
+        assert mgr.steps() == [1, 2] and mgr.latest_step() == 2
         assert (tmp_path / "step-000000003.corrupt" / "manifest.json").exists()
         with pytest.raises(ss.CheckpointNotFoundError):
             mgr.restore(empty_state(), step=3)

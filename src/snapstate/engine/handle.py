@@ -35,7 +35,6 @@ class SaveHandle:
         self._result = result
         self._error: BaseException | None = None
         self.observed = result is not None
-        self.error_raised = False  # the caller has met the error: a manager does not raise it again
         self._thread: threading.Thread | None = None
         if run is not None:
             self._thread = threading.Thread(
@@ -59,7 +58,6 @@ class SaveHandle:
                 raise CheckpointTimeoutError(f"save still running after {timeout}s")
         self.observed = True
         if self._error is not None:
-            self.error_raised = True
             raise self._error
         assert self._result is not None
         return self._result

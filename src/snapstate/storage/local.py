@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import errno
 import os
-import posixpath
 import shutil
 import stat
 import sys
@@ -186,13 +185,6 @@ class LocalStorage:
 
     def makedirs(self, path: str = "") -> None:
         os.makedirs(self._full(path), exist_ok=True)
-
-    def rename_tree(self, src: str, dst: str) -> None:
-        """Atomic rename of a directory (one ``rename(2)``); refuses to replace ``dst``."""
-        if os.path.lexists(self._full(dst)):
-            raise FileExistsError(errno.EEXIST, "refusing to replace", self._full(dst))
-        os.rename(self._full(src), self._full(dst))
-        self.sync_dir(posixpath.dirname(dst))
 
     def sync_dir(self, path: str = "") -> None:
         fd = os.open(self._full(path), os.O_RDONLY | os.O_DIRECTORY)
