@@ -169,7 +169,7 @@ def _check_version(doc: dict[str, Any], raw: bytes, file: str) -> None:
 
 def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     """Parse and validate; every problem is a CorruptCheckpointError naming the file and key."""
-    doc = _load_json(raw, file)
+    doc: Any = _load_json(raw, file)  # values unchecked until validated below
     _check_version(doc, raw, file)
     v = _Validator(file)
     files = {
