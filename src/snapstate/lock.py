@@ -1,7 +1,7 @@
 """A lock file per checkpoint root: one writer at a time, stale locks of dead pids taken over.
 
 Taking the lock (reading the holder, judging it stale, writing ourselves) runs under an
-exclusive ``flock`` on a guard file on local and parallel file systems, so two managers that
+exclusive ``flock`` of the root directory itself (no extra file) on local and parallel file systems, so two managers that
 find the same dead holder cannot both take over. Object stores offer no portable conditional
 create through fsspec, so there the check-then-write stays best effort. A lock that cannot be
 judged from here (a pid on another host, or a pid reused by an unrelated process) is never
@@ -23,7 +23,6 @@ from snapstate.errors import CheckpointLockedError
 from snapstate.storage.base import Storage, storage_for
 
 LOCK_FILE = ".snapstate.lock"
-GUARD_FILE = ".snapstate.lock.guard"  # flocked while a manager takes the lock; never removed
 
 # Locks held by this process, by token: a second manager in the same process (same pid) is
 # refused while the first lives, and takes over once it is gone without closing.
@@ -81,7 +80,7 @@ class RootLock:
         if "://" in self.storage.root or not os.path.isdir(self.storage.root):
             yield
             return
-        fd = os.open(os.path.join(self.storage.root, GUARD_FILE), os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.storage.root, os.O_RDONLY | os.O_DIRECTORY)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read and a write: milliseconds
             yield
