@@ -85,3 +85,25 @@ def test_nan_in_a_manifest_is_refused(tmp_path: Path, where: str) -> None:
     (ckpt / "manifest.json").write_bytes(sealed(doc))
     with pytest.raises(ss.CorruptCheckpointError, match="not allowed"):
         ss.load({"w": torch.zeros(4), "meta": {"epoch": 0}}, ckpt)
+
+
+def test_shard_symlink_leaving_the_checkpoint_is_not_followed(tmp_path: Path) -> None:
+    ckpt = saved(tmp_path)
+    (shard,) = (ckpt / "shards").iterdir()
+    outside = tmp_path / "outside.safetensors"
+    shard.rename(outside)  # same bytes: following the link would load a right-looking state
+    shard.symlink_to(outside)
+    target = {"w": torch.zeros(4), "meta": {"epoch": 0}}
+    with pytest.raises(ss.CorruptCheckpointError, match="outside the checkpoint"):
+        ss.load(target, ckpt)
+    assert not target["w"].any()
+
+
+def test_shard_symlink_inside_the_checkpoint_is_fine(tmp_path: Path) -> None:
+    ckpt = saved(tmp_path)
+    (shard,) = (ckpt / "shards").iterdir()
+    shard.rename(ckpt / "moved.bin")
+    shard.symlink_to(ckpt / "moved.bin")
+    target = {"w": torch.zeros(4), "meta": {"epoch": 0}}
+    ss.load(target, ckpt)
+    assert torch.equal(target["w"], torch.arange(4.0))

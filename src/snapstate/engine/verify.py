@@ -20,19 +20,32 @@ def read_manifest(storage: Storage, check_files: bool = True) -> Manifest:
     manifest = parse_manifest(read_manifest_bytes(storage), file=f"{storage.root}/{MANIFEST}")
     if check_files:
         for path, rec in manifest.files.items():
-            try:
-                actual = storage.size(path)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(
-                    "shard file is missing", file=path, key=keys_in_file(manifest, path)
-                ) from None
-            if actual != rec.bytes:
-                raise CorruptCheckpointError(
-                    f"shard file has {actual} bytes, the manifest says {rec.bytes}",
-                    file=path,
-                    key=keys_in_file(manifest, path),
-                )
+            check_shard_file(storage, manifest, path, rec.bytes)
     return manifest
+
+
+def check_shard_file(storage: Storage, manifest: Manifest, path: str, size: int) -> None:
+    """The shard exists inside the checkpoint (no symlink out of it) with the recorded size."""
+    keys = None
+    leaves = getattr(storage, "leaves_root", None)
+    if leaves is not None and leaves(path):
+        keys = keys_in_file(manifest, path)
+        raise CorruptCheckpointError("shard file links outside the checkpoint", file=path, key=keys)
+    try:
+        actual = storage.size(path)
+    except FileNotFoundError:
+        keys = keys_in_file(manifest, path)
+        raise CorruptCheckpointError("shard file is missing", file=path, key=keys) from None
+    except OSError as exc:
+        raise CheckpointIOError(
+            exc.errno, f"{exc.strerror or exc} (reading)", exc.filename
+        ) from exc
+    if actual != size:
+        raise CorruptCheckpointError(
+            f"shard file has {actual} bytes, the manifest says {size}",
+            file=path,
+            key=keys_in_file(manifest, path),
+        )
 
 
 def read_manifest_bytes(storage: Storage) -> bytes:

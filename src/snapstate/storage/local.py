@@ -159,6 +159,11 @@ class LocalStorage:
         finally:
             os.close(fd)
 
+    def leaves_root(self, path: str) -> bool:
+        """Whether ``path`` resolves (through symlinks) to a place outside the root."""
+        root = os.path.realpath(self.root)
+        return os.path.commonpath([root, os.path.realpath(self._full(path))]) != root
+
     def size(self, path: str) -> int:
         return os.stat(self._full(path)).st_size
 
