@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ import torch
 import snapstate as ss
 from snapstate.format.manifest import ChunkRecord, _Validator, parse_manifest, tiling_problem
 
-from .corrupt import sealed
+from .corrupt import sealed, watch_allocations
 
 
 def records(boxes: list[tuple[list[int], list[int]]]) -> list[ChunkRecord]:
@@ -107,3 +109,21 @@ def test_shard_symlink_inside_the_checkpoint_is_fine(tmp_path: Path) -> None:
     target = {"w": torch.zeros(4), "meta": {"epoch": 0}}
     ss.load(target, ckpt)
     assert torch.equal(target["w"], torch.arange(4.0))
+
+
+def test_sparse_8_gib_shard_causes_no_large_allocation(tmp_path: Path, monkeypatch: Any) -> None:
+    ckpt = saved(tmp_path)
+    (shard,) = (ckpt / "shards").iterdir()
+    big = 8 << 30
+    os.truncate(shard, big)  # sparse: no disk used, but a reader trusting sizes would allocate
+    doc = json.loads((ckpt / "manifest.json").read_bytes())
+    doc["files"][f"shards/{shard.name}"]["bytes"] = big
+    (ckpt / "manifest.json").write_bytes(sealed(doc))
+    target = {"w": torch.zeros(4), "meta": {"epoch": 0}}
+    with watch_allocations(monkeypatch) as seen:
+        ss.load(target, ckpt)  # the data the manifest names is intact: the tail is ignored
+        with pytest.raises(ss.CorruptCheckpointError):
+            ss.verify(ckpt)  # verify reads the whole file: the zero tail is not a shard
+    assert torch.equal(target["w"], torch.arange(4.0))
+    assert seen.largest_tensor < 1 << 26 and seen.largest_read < 1 << 27
+    assert seen.rss_growth < 1 << 30
