@@ -9,6 +9,7 @@ Every error snapstate raises on purpose derives from ``CheckpointError``, so one
      │    └── UnsupportedFormatError                         unknown format name or version
      ├── IncompatibleStateError (also ValueError)           target state does not match the checkpoint
      ├── ReplicaMismatchError (also ValueError)             replicas of a tensor differ across ranks at save
+     ├── InconsistentStateError (also ValueError)           ranks disagree on a shared key's dtype/shape
      ├── CheckpointTimeoutError (also TimeoutError)         a rank did not arrive in time
      ├── CheckpointIOError (also OSError, errno kept)       the OS refused a file (disk full, read-only)
      ├── CheckpointExistsError (also FileExistsError)       refusing to overwrite a committed checkpoint
@@ -84,6 +85,10 @@ class IncompatibleStateError(CheckpointError, ValueError):
 
 class ReplicaMismatchError(CheckpointError, ValueError):
     """Ranks that should hold identical copies of a tensor (DDP replicas) hold different bytes."""
+
+
+class InconsistentStateError(CheckpointError, ValueError):
+    """Ranks disagree on the dtype, shape or placement of a shared key."""
 
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):

@@ -1,15 +1,26 @@
-"""A lock file per checkpoint root: one writer at a time, stale locks of dead pids taken over."""
+"""A lock file per checkpoint root: one writer at a time, stale locks of dead pids taken over.
+
+Taking the lock (reading the holder, judging it stale, writing ourselves) runs under an
+exclusive ``flock`` of the root directory itself (no extra file) on local and parallel file systems, so two managers that
+find the same dead holder cannot both take over. Object stores offer no portable conditional
+create through fsspec, so there the check-then-write stays best effort. A lock that cannot be
+judged from here (a pid on another host, or a pid reused by an unrelated process) is never
+taken over: ``break_lock(root)`` removes it once the user knows its holder is gone.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
 import socket
 import uuid
 import weakref
+from collections.abc import Iterator
 
 from snapstate.errors import CheckpointLockedError
-from snapstate.storage.base import Storage
+from snapstate.storage.base import Storage, storage_for
 
 LOCK_FILE = ".snapstate.lock"
 
@@ -44,13 +55,16 @@ class RootLock:
         self.held = False
 
     def acquire(self) -> None:
-        holder = self._read_holder()
-        if holder is not None and holder != self.owner and self._holder_alive(holder):
-            raise CheckpointLockedError(
-                f"{self.storage.root} is locked by pid {holder.get('pid')} on {holder.get('host')} "
-                f"({LOCK_FILE}); another CheckpointManager is writing there"
-            )
-        self._create(take_over=holder is not None)
+        with self._guard():
+            holder = self._read_holder()
+            if holder is not None and holder != self.owner and self._holder_alive(holder):
+                raise CheckpointLockedError(
+                    f"{self.storage.root} is locked by pid {holder.get('pid')} on "
+                    f"{holder.get('host')} ({LOCK_FILE}); another CheckpointManager is writing "
+                    "there. If that process is gone (another host, a reused pid), remove the "
+                    "lock with snapstate.lock.break_lock(root)"
+                )
+            self._create(take_over=holder is not None)
         self.held = True
         _HELD[self.token] = self
 
@@ -59,6 +73,19 @@ class RootLock:
             self.storage.remove(LOCK_FILE)
         self.held = False
         _HELD.pop(self.token, None)
+
+    @contextlib.contextmanager
+    def _guard(self) -> Iterator[None]:
+        """Serialize lock takeovers between processes (local and parallel file systems)."""
+        if "://" in self.storage.root or not os.path.isdir(self.storage.root):
+            yield
+            return
+        fd = os.open(self.storage.root, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # held for a read and a write: milliseconds
+            yield
+        finally:
+            os.close(fd)  # releases the flock
 
     def _holder_alive(self, holder: dict) -> bool:
         if holder.get("host") != self.owner["host"]:
@@ -93,3 +120,17 @@ class RootLock:
             holder = None
         # A torn or foreign lock file is stale.
         return holder if isinstance(holder, dict) else {"pid": -1, "host": self.owner["host"]}
+
+
+def break_lock(root: str | os.PathLike[str] | Storage) -> dict | None:
+    """Remove the lock of ``root`` whatever holds it, and return the holder it named.
+
+    The documented way out when the holder cannot be checked from here (it ran on another
+    host, or its pid now belongs to another process): call it only once that manager is gone.
+    """
+    storage = storage_for(root)
+    lock = RootLock(storage)
+    with lock._guard():
+        holder = lock._read_holder()
+        storage.remove(LOCK_FILE)
+    return holder

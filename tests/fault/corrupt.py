@@ -15,6 +15,7 @@ import psutil
 import torch
 
 import snapstate as ss
+from snapstate.format.manifest import seal
 from snapstate.storage.local import LocalStorage
 from support.states import blank_like
 
@@ -44,7 +45,20 @@ def read_manifest(ckpt: Path) -> dict[str, Any]:
 
 
 def write_manifest(ckpt: Path, doc: Any) -> None:
-    (ckpt / "manifest.json").write_text(json.dumps(doc))
+    """Write an edited manifest, re-sealed with a matching checksum so that the validator
+    behind the checksum is what the test exercises."""
+    (ckpt / "manifest.json").write_bytes(sealed(doc))
+
+
+def sealed(doc: Any) -> bytes:
+    """``doc`` as manifest bytes with a valid checksum (when it is a non-empty object)."""
+    if isinstance(doc, dict):
+        doc = {k: v for k, v in doc.items() if k != "checksum"}
+    raw = json.dumps(doc).encode()
+    try:
+        return seal(raw)
+    except ValueError:
+        return raw
 
 
 def edit_manifest(ckpt: Path, edit: Callable[[dict[str, Any]], None]) -> None:

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 
 import snapstate as ss
 
-from .corrupt import SHARD, SMALL_OPTIONS, blank_small_state, read_header, small_state
+from .corrupt import SHARD, SMALL_OPTIONS, blank_small_state, read_header, sealed, small_state
 
 Path_ = list[Any]  # a path into a JSON document: keys and indices
 
@@ -210,7 +210,7 @@ def test_fuzz_manifest_json(
     doc: Any = json.loads(target.manifest)
     for m in mutations:
         doc = mutate(doc, m)
-    target.write(manifest=json.dumps(doc).encode())
+    target.write(manifest=sealed(doc))
     read_all(target.scratch)
 
 
@@ -309,7 +309,7 @@ def test_fuzz_long(
         doc: Any = json.loads(target.manifest)
         for m in mutations:
             doc = mutate(doc, m)
-        target.write(manifest=json.dumps(doc).encode())
+        target.write(manifest=sealed(doc))
     elif which == "bytes":
         target.write(manifest=edit_bytes(target.manifest, raw))
     else:

@@ -6,6 +6,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from snapstate.errors import CheckpointTimeoutError
+
 
 @dataclass
 class SaveResult:
@@ -53,7 +55,7 @@ class SaveHandle:
         if self._thread is not None:
             self._thread.join(timeout)
             if self._thread.is_alive():
-                raise TimeoutError(f"save still running after {timeout}s")
+                raise CheckpointTimeoutError(f"save still running after {timeout}s")
         self.observed = True
         if self._error is not None:
             raise self._error

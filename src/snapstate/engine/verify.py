@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 from dataclasses import dataclass, field
 
-from snapstate.errors import CheckpointNotFoundError, CorruptCheckpointError
+from snapstate.errors import CheckpointIOError, CheckpointNotFoundError, CorruptCheckpointError
 from snapstate.format.dtypes import safetensors_entry
 from snapstate.format.integrity import verify_blocks
 from snapstate.format.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
@@ -16,39 +17,70 @@ VERIFY_READ_BYTES = 64 << 20
 
 def read_manifest(storage: Storage, check_files: bool = True) -> Manifest:
     """The validated manifest; with ``check_files``, every shard exists with the recorded size."""
-    try:
-        size = storage.size(MANIFEST)
-    except (FileNotFoundError, NotADirectoryError):
-        where = "no such directory" if not storage.exists("") else "no manifest.json: not committed"
-        raise CheckpointNotFoundError(
-            f"no committed checkpoint at {storage.root} ({where})"
-        ) from None
-    if size > MAX_MANIFEST_BYTES:
-        raise CorruptCheckpointError(
-            f"manifest is {size} bytes, over the {MAX_MANIFEST_BYTES} cap", file=MANIFEST
-        )
-    try:
-        raw = storage.read_bytes(MANIFEST)
-    except IsADirectoryError:
-        raise CorruptCheckpointError(
-            "manifest is a directory, not a file", file=f"{storage.root}/{MANIFEST}"
-        ) from None
-    manifest = parse_manifest(raw, file=f"{storage.root}/{MANIFEST}")
+    manifest = parse_manifest(read_manifest_bytes(storage), file=f"{storage.root}/{MANIFEST}")
     if check_files:
         for path, rec in manifest.files.items():
-            try:
-                actual = storage.size(path)
-            except FileNotFoundError:
-                raise CorruptCheckpointError(
-                    "shard file is missing", file=path, key=keys_in_file(manifest, path)
-                ) from None
-            if actual != rec.bytes:
-                raise CorruptCheckpointError(
-                    f"shard file has {actual} bytes, the manifest says {rec.bytes}",
-                    file=path,
-                    key=keys_in_file(manifest, path),
-                )
+            check_shard_file(storage, manifest, path, rec.bytes)
     return manifest
+
+
+def check_shard_file(storage: Storage, manifest: Manifest, path: str, size: int) -> None:
+    """The shard exists inside the checkpoint (no symlink out of it) with the recorded size."""
+    keys = None
+    leaves = getattr(storage, "leaves_root", None)
+    if leaves is not None and leaves(path):
+        keys = keys_in_file(manifest, path)
+        raise CorruptCheckpointError("shard file links outside the checkpoint", file=path, key=keys)
+    try:
+        actual = storage.size(path)
+    except FileNotFoundError:
+        keys = keys_in_file(manifest, path)
+        raise CorruptCheckpointError("shard file is missing", file=path, key=keys) from None
+    except OSError as exc:
+        raise CheckpointIOError(
+            exc.errno, f"{exc.strerror or exc} (reading)", exc.filename
+        ) from exc
+    if actual != size:
+        raise CorruptCheckpointError(
+            f"shard file has {actual} bytes, the manifest says {size}",
+            file=path,
+            key=keys_in_file(manifest, path),
+        )
+
+
+def read_manifest_bytes(storage: Storage) -> bytes:
+    """manifest.json's bytes, at most MAX_MANIFEST_BYTES, from a regular file only; every
+    failure is a CheckpointError (a manifest removed between two calls included)."""
+    where = f"{storage.root}/{MANIFEST}"
+    try:
+        raw = _read_capped(storage)
+    except (FileNotFoundError, NotADirectoryError):
+        state = "no such directory" if not storage.exists("") else "no manifest.json: not committed"
+        raise CheckpointNotFoundError(
+            f"no committed checkpoint at {storage.root} ({state})"
+        ) from None
+    except IsADirectoryError:
+        raise CorruptCheckpointError("manifest is a directory, not a file", file=where) from None
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ELOOP, errno.ENXIO):
+            raise CorruptCheckpointError(
+                f"manifest is not a regular file ({exc.strerror})", file=where
+            ) from None
+        raise CheckpointIOError(
+            exc.errno, f"{exc.strerror or exc} (reading {where})", exc.filename
+        ) from exc
+    if len(raw) > MAX_MANIFEST_BYTES:
+        raise CorruptCheckpointError(
+            f"manifest is over the {MAX_MANIFEST_BYTES}-byte cap", file=where
+        )
+    return raw
+
+
+def _read_capped(storage: Storage) -> bytes:
+    regular = getattr(storage, "read_regular", None)
+    if regular is not None:
+        return bytes(regular(MANIFEST, MAX_MANIFEST_BYTES))
+    return storage.read_bytes(MANIFEST, 0, MAX_MANIFEST_BYTES + 1)
 
 
 def keys_in_file(manifest: Manifest, path: str, most: int = 5) -> str | None:

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
+from snapstate.errors import InconsistentStateError
 from snapstate.planning.items import ItemMeta, Placement
 
-
-class InconsistentStateError(ValueError):
-    """Ranks disagree on the dtype, shape or placement of a shared key."""
+__all__ = ["InconsistentStateError", "check_consistent"]
 
 
 def check_consistent(all_metas: list[list[ItemMeta]]) -> None:

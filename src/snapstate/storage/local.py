@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
+import stat
 import sys
 from collections.abc import Callable
 
@@ -135,6 +137,32 @@ class LocalStorage:
         with open(self._full(path), "rb") as f:
             f.seek(offset)
             return f.read() if length is None else f.read(length)
+
+    def read_regular(self, path: str, cap: int) -> bytes:
+        """The bytes of a regular file, at most ``cap`` (``cap + 1`` read to detect more).
+
+        Refuses symlinks (O_NOFOLLOW), FIFOs and devices (O_NONBLOCK, then fstat) with
+        OSError(EINVAL); the byte cap does not trust ``st_size`` (/proc files report 0).
+        """
+        fd = os.open(self._full(path), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(errno.EINVAL, "not a regular file", self._full(path))
+            chunks, got = [], 0
+            while got <= cap:
+                piece = os.read(fd, min(cap + 1 - got, 16 << 20))
+                if not piece:
+                    break
+                chunks.append(piece)
+                got += len(piece)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def leaves_root(self, path: str) -> bool:
+        """Whether ``path`` resolves (through symlinks) to a place outside the root."""
+        root = os.path.realpath(self.root)
+        return os.path.commonpath([root, os.path.realpath(self._full(path))]) != root
 
     def size(self, path: str) -> int:
         return os.stat(self._full(path)).st_size
