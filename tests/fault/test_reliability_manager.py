@@ -188,3 +188,17 @@ def test_manifest_that_is_not_a_regular_file_is_refused(tmp_path: Path, kind: st
         manifest.symlink_to(tmp_path / "elsewhere.json")
     with pytest.raises(ss.CorruptCheckpointError, match="regular file"):
         ss.load(blank(), tmp_path / "c")
+
+
+def test_manifest_over_the_cap_is_refused_before_parsing(tmp_path: Path) -> None:
+    """A regular but oversized manifest (sparse: no disk used) is refused by its size as read,
+    not parsed: parsing costs about 12x the file in memory."""
+    from snapstate.format.manifest import MAX_MANIFEST_BYTES
+
+    ss.save(state_at(1), tmp_path / "c")
+    manifest = tmp_path / "c" / "manifest.json"
+    with manifest.open("r+b") as f:
+        f.truncate(MAX_MANIFEST_BYTES + 1)
+    with pytest.raises(ss.CorruptCheckpointError, match="cap") as info:
+        ss.load(blank(), tmp_path / "c")
+    assert "manifest.json" in str(info.value)
