@@ -48,8 +48,8 @@ venv-tf: $(TF_STAMP)
 $(TF_STAMP): pyproject.toml constraints.txt
 	test -x $(TF_VENV)/bin/python || $(PY) -m venv $(TF_VENV)
 	$(TF_VENV)/bin/python -m pip install -q --upgrade pip
-	$(TF_VENV)/bin/pip install -q -c constraints.txt torch==2.13.0 tensorflow-cpu==2.21.0
-	$(TF_VENV)/bin/pip install -q -c constraints.txt -e '.[bench]' pytest pytest-timeout
+	$(TF_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 tensorflow-cpu==2.21.0
+	$(TF_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[bench]' pytest pytest-timeout
 	touch $(TF_STAMP)
 
 venv-chainer: $(CH_STAMP)
@@ -59,11 +59,13 @@ $(CH_STAMP): pyproject.toml constraints.txt
 	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
 	test -x $(CH_VENV)/bin/python || $(PY) -m venv $(CH_VENV)
 	$(CH_VENV)/bin/python -m pip install -q --upgrade pip
-	$(CH_VENV)/bin/pip install -q -c constraints.txt torch==2.13.0 'numpy<2' wheel
+	$(CH_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 'numpy<2' wheel
 	# chainer's setup.py needs an old setuptools; torch declares a newer one it does not use at run time.
-	$(CH_VENV)/bin/pip install -q 'setuptools<70'
-	$(CH_VENV)/bin/pip install -q -c constraints.txt --no-build-isolation chainer==7.8.1 mpi4py 'numpy<2'
-	$(CH_VENV)/bin/pip install -q -c constraints.txt -e '.[bench]' pytest pytest-timeout 'numpy<2'
+	$(CH_VENV)/bin/python -m pip install -q 'setuptools<70'
+	$(CH_VENV)/bin/python -m pip install -q -c constraints.txt --no-build-isolation chainer==7.8.1 mpi4py 'numpy<2'
+	$(CH_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[bench]' pytest pytest-timeout 'numpy<2'
+	# chainer imports numpy.distutils at start, which breaks under setuptools >= 70: pin it last.
+	$(CH_VENV)/bin/python -m pip install -q 'setuptools<70'
 	touch $(CH_STAMP)
 
 test-frameworks: $(TF_STAMP) $(CH_STAMP)

@@ -15,7 +15,18 @@ def _serialize(obj: Any) -> dict[str, Any]:
     ser = DictionarySerializer()
     ser.save(obj)
     # None entries (e.g. an uninitialized parameter) are object arrays: nothing to keep.
-    return {k: np.array(v, copy=True) for k, v in ser.target.items() if v.dtype != object}
+    # "/" would be escaped in checkpoint keys ("fc1%2FW"): dots read better in errors.
+    return {
+        k.strip("/").replace("/", "."): np.array(v, copy=True)
+        for k, v in ser.target.items()
+        if v.dtype != object
+    }
+
+
+def _deserialize(obj: Any, arrays: dict[str, Any]) -> None:
+    from chainer.serializers.npz import NpzDeserializer
+
+    NpzDeserializer({k.replace(".", "/"): np.asarray(v) for k, v in arrays.items()}).load(obj)
 
 
 def _numpy_rng() -> dict[str, Any]:
@@ -50,17 +61,15 @@ class ChainerState:
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        from chainer.serializers.npz import NpzDeserializer
-
         found = mismatches("model", _serialize(self.link), state_dict.get("model", {}))
         if self.optimizer is not None:
             # Optimizer slots appear at the first update: a fresh optimizer lacks them.
             got = state_dict.get("optimizer", {})
             found += mismatches("optimizer", _serialize(self.optimizer), got, extra_ok=True)
         raise_if_any("Chainer state", found)
-        NpzDeserializer(state_dict["model"]).load(self.link)
+        _deserialize(self.link, state_dict["model"])
         if self.optimizer is not None:
-            NpzDeserializer(state_dict["optimizer"]).load(self.optimizer)
+            _deserialize(self.optimizer, state_dict["optimizer"])
         if self.rng and "rng" in state_dict:
             _set_numpy_rng(state_dict["rng"])
 
