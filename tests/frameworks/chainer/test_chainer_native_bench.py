@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
 import pytest
 
-pytest.importorskip("chainer")
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("chainer") is None, reason="needs chainer: make test-frameworks"
+)
 sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "benchmarks"))
 
 import bench_frameworks  # noqa: E402
