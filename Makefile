@@ -69,8 +69,8 @@ $(CH_STAMP): pyproject.toml constraints.txt
 	touch $(CH_STAMP)
 
 test-frameworks: $(TF_STAMP) $(CH_STAMP)
-	$(TF_VENV)/bin/python $(FW_TEST) tests/frameworks/tensorflow
-	$(CH_VENV)/bin/python $(FW_TEST) tests/frameworks/chainer
+	$(TF_VENV)/bin/python $(FW_TEST) tests/frameworks
+	$(CH_VENV)/bin/python $(FW_TEST) tests/frameworks
 
 clean:
 	rm -rf $(VENV) $(TF_VENV) $(CH_VENV) build dist src/*.egg-info .pytest_cache
