@@ -24,7 +24,7 @@ import numpy as np
 
 import snapstate as ss
 
-Saver = Callable[[Path], None]
+Saver = Callable[[Path], object]
 
 
 def _bytes_on_disk(path: Path) -> int:
@@ -52,13 +52,11 @@ def tf_methods(mib: float) -> tuple[int, dict[str, Saver]]:
     ckpt = tf.train.Checkpoint(model=model, optimizer=opt)
     state = stateful(model, opt)
     methods: dict[str, Saver] = {
-        "tf.train.Checkpoint": lambda d: ckpt.write(str(d / "ckpt")) and None,
-        "tf CheckpointManager": lambda d: (
-            tf.train.CheckpointManager(ckpt, str(d), 1).save() and None
-        ),
+        "tf.train.Checkpoint": lambda d: ckpt.write(str(d / "ckpt")),
+        "tf CheckpointManager": lambda d: tf.train.CheckpointManager(ckpt, str(d), 1).save(),
         "keras save_weights (model only)": lambda d: model.save_weights(str(d / "m.weights.h5")),
-        "snapstate save": lambda d: ss.save({"train": state}, d / "ck") and None,
-        "snapstate async_save": lambda d: ss.async_save({"train": state}, d / "ck").wait() and None,
+        "snapstate save": lambda d: ss.save({"train": state}, d / "ck"),
+        "snapstate async_save + wait": lambda d: ss.async_save({"train": state}, d / "ck").wait(),
     }
     nbytes = sum(v.numpy().nbytes for v in model.variables + list(opt.variables))
     return nbytes, methods
@@ -86,8 +84,8 @@ def chainer_methods(mib: float) -> tuple[int, dict[str, Saver]]:
     methods: dict[str, Saver] = {
         "chainer save_npz": npz,
         "chainer save_npz (compression=False)": lambda d: npz(d, compression=False),
-        "snapstate save": lambda d: ss.save({"train": state}, d / "ck") and None,
-        "snapstate async_save": lambda d: ss.async_save({"train": state}, d / "ck").wait() and None,
+        "snapstate save": lambda d: ss.save({"train": state}, d / "ck"),
+        "snapstate async_save + wait": lambda d: ss.async_save({"train": state}, d / "ck").wait(),
     }
     sd = state.state_dict()
     nbytes = sum(a.nbytes for part in ("model", "optimizer") for a in sd[part].values())
@@ -95,7 +93,7 @@ def chainer_methods(mib: float) -> tuple[int, dict[str, Saver]]:
 
 
 def measure(methods: dict[str, Saver], repeats: int, root: Path) -> list[dict[str, Any]]:
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name, save in methods.items():
         times, written = [], 0
         # one untimed warm-up: first calls build graphs, thread pools and host buffers

@@ -14,9 +14,9 @@ from snapstate.integrations.chainer import stateful
 try:
     import chainer
 except ImportError:  # the core venv: collected, skipped; `make test-frameworks` runs them
-    chainer = None
-F = chainer.functions if chainer is not None else None
-L = chainer.links if chainer is not None else None
+    chainer = None  # type: ignore[assignment]
+F: Any = chainer.functions if chainer is not None else None
+L: Any = chainer.links if chainer is not None else None
 pytestmark = pytest.mark.skipif(chainer is None, reason="needs Chainer: make test-frameworks")
 
 

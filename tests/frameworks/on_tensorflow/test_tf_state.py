@@ -14,8 +14,8 @@ from snapstate.integrations.tensorflow import stateful
 try:
     import tensorflow as tf
 except ImportError:  # the core venv: collected, skipped; `make test-frameworks` runs them
-    tf = None
-keras = tf.keras if tf is not None else None
+    tf = None  # type: ignore[assignment]
+keras: Any = tf.keras if tf is not None else None
 pytestmark = pytest.mark.skipif(tf is None, reason="needs TensorFlow: make test-frameworks")
 
 
