@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -c constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint typecheck bench bench-small clean venv
+.PHONY: demo test test-all lint typecheck bench bench-small clean venv venv-tf venv-chainer test-frameworks
 
 venv: $(STAMP)
 
@@ -38,5 +38,42 @@ bench: $(STAMP)
 bench-small: $(STAMP)
 	$(BIN)/python benchmarks/bench_small.py
 
+# TensorFlow and Chainer each live in their own venv (their numpy and setuptools pins clash with
+# the core one); both carry the same CPU torch because snapstate's engine is built on it.
+TF_VENV := .venv-tf
+TF_STAMP := $(TF_VENV)/.installed
+CH_VENV := .venv-chainer
+CH_STAMP := $(CH_VENV)/.installed
+FW_TEST := -m pytest -q -p no:cacheprovider
+
+venv-tf: $(TF_STAMP)
+
+$(TF_STAMP): pyproject.toml constraints.txt
+	test -x $(TF_VENV)/bin/python || $(PY) -m venv $(TF_VENV)
+	$(TF_VENV)/bin/python -m pip install -q --upgrade pip
+	$(TF_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 tensorflow-cpu==2.21.0
+	$(TF_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[bench]' pytest pytest-timeout
+	touch $(TF_STAMP)
+
+venv-chainer: $(CH_STAMP)
+
+# ChainerMN needs an MPI: Debian's Open MPI, installed once when mpirun is missing (CI runs as root).
+$(CH_STAMP): pyproject.toml constraints.txt
+	command -v mpirun >/dev/null || (apt-get update -q && apt-get install -y -q openmpi-bin libopenmpi-dev)
+	test -x $(CH_VENV)/bin/python || $(PY) -m venv $(CH_VENV)
+	$(CH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(CH_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0 'numpy<2' wheel
+	# chainer's setup.py needs an old setuptools; torch declares a newer one it does not use at run time.
+	$(CH_VENV)/bin/python -m pip install -q 'setuptools<70'
+	$(CH_VENV)/bin/python -m pip install -q -c constraints.txt --no-build-isolation chainer==7.8.1 mpi4py 'numpy<2'
+	$(CH_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[bench]' pytest pytest-timeout 'numpy<2'
+	# chainer imports numpy.distutils at start, which breaks under setuptools >= 70: pin it last.
+	$(CH_VENV)/bin/python -m pip install -q 'setuptools<70'
+	touch $(CH_STAMP)
+
+test-frameworks: $(TF_STAMP) $(CH_STAMP)
+	$(TF_VENV)/bin/python $(FW_TEST) tests/frameworks
+	$(CH_VENV)/bin/python $(FW_TEST) tests/frameworks
+
 clean:
-	rm -rf $(VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(TF_VENV) $(CH_VENV) build dist src/*.egg-info .pytest_cache

@@ -1,0 +1,1 @@
+"""Adapters that make TensorFlow and Chainer training state Stateful (numpy buffers, no pickle)."""

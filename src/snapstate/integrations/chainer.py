@@ -1,0 +1,79 @@
+"""Chainer as a Stateful: link and optimizer through chainer's own serializers, numpy's RNG."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from snapstate.integrations._check import mismatches, raise_if_any
+
+
+def _serialize(obj: Any) -> dict[str, Any]:
+    from chainer.serializers.npz import DictionarySerializer
+
+    ser = DictionarySerializer()
+    ser.save(obj)
+    # None entries (e.g. an uninitialized parameter) are object arrays: nothing to keep.
+    # "/" would be escaped in checkpoint keys ("fc1%2FW"): dots read better in errors.
+    return {
+        k.strip("/").replace("/", "."): np.array(v, copy=True)
+        for k, v in ser.target.items()
+        if v.dtype != object
+    }
+
+
+def _deserialize(obj: Any, arrays: dict[str, Any]) -> None:
+    from chainer.serializers.npz import NpzDeserializer
+
+    NpzDeserializer({k.replace(".", "/"): np.asarray(v) for k, v in arrays.items()}).load(obj)
+
+
+def _numpy_rng() -> dict[str, Any]:
+    name, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    return {
+        "keys": np.asarray(keys).copy(),
+        "pos": int(pos),
+        "has_gauss": int(has_gauss),
+        "gauss": float(gauss),
+    }
+
+
+def _set_numpy_rng(state: dict[str, Any]) -> None:
+    keys = np.asarray(state["keys"], dtype=np.uint32)
+    np.random.set_state(("MT19937", keys, state["pos"], state["has_gauss"], state["gauss"]))
+
+
+class ChainerState:
+    """A link, its optimizer and numpy's global generator (Chainer's CPU randomness)."""
+
+    def __init__(self, link: Any, optimizer: Any = None, rng: bool = True) -> None:
+        self.link = link
+        self.optimizer = optimizer
+        self.rng = rng
+
+    def state_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": _serialize(self.link)}
+        if self.optimizer is not None:
+            out["optimizer"] = _serialize(self.optimizer)
+        if self.rng:
+            out["rng"] = _numpy_rng()
+        return out
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        found = mismatches("model", _serialize(self.link), state_dict.get("model", {}))
+        if self.optimizer is not None:
+            # Optimizer slots appear at the first update: a fresh optimizer lacks them.
+            got = state_dict.get("optimizer", {})
+            found += mismatches("optimizer", _serialize(self.optimizer), got, extra_ok=True)
+        raise_if_any("Chainer state", found)
+        _deserialize(self.link, state_dict["model"])
+        if self.optimizer is not None:
+            _deserialize(self.optimizer, state_dict["optimizer"])
+        if self.rng and "rng" in state_dict:
+            _set_numpy_rng(state_dict["rng"])
+
+
+def stateful(link: Any, optimizer: Any = None, rng: bool = True) -> ChainerState:
+    """``ss.save({"train": stateful(link, opt)}, path)``: a Chainer link (and optimizer) as Stateful."""
+    return ChainerState(link, optimizer, rng)
