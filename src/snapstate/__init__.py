@@ -17,6 +17,7 @@ from snapstate.errors import (
     CheckpointWorkerError,
     CorruptCheckpointError,
     IncompatibleStateError,
+    InconsistentStateError,
     ReplicaMismatchError,
     UnsupportedFormatError,
 )
@@ -38,6 +39,7 @@ __all__ = [
     "CorruptCheckpointError",
     "HostBufferPool",
     "IncompatibleStateError",
+    "InconsistentStateError",
     "LoadResult",
     "Manifest",
     "PlanOptions",

@@ -64,7 +64,7 @@ def test_inspect_json(checkpoint) -> None:
     code, out = run("inspect", str(path), "--json")
     assert code == 0
     doc = json.loads(out)
-    assert doc["format"] == "snapstate/1" and doc["step"] == 42 and doc["world_size"] == 1
+    assert doc["format"] == "snapstate/2" and doc["step"] == 42 and doc["world_size"] == 1
     weight = doc["tensors"]["model/0.weight"]
     assert weight == {
         "dtype": "float32",
