@@ -152,13 +152,13 @@ def test_inconsistent_state_error_is_a_checkpoint_error() -> None:
 class VanishingManifest(Delegating):
     """The manifest disappears between listing the step and reading it (a retention race)."""
 
-    def read_regular(self, path: str, cap: int) -> bytes:
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         os.unlink(os.path.join(self.root, path))
-        return self.inner.read_regular(path, cap)  # type: ignore[attr-defined,no-any-return]
+        return self.inner.read_bytes(path, offset, length)
 
 
 class FailingReads(Delegating):
-    def read_regular(self, path: str, cap: int) -> bytes:
+    def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         raise OSError(errno.EIO, "Input/output error", os.path.join(self.root, path))
 
 

@@ -11,6 +11,7 @@ from snapstate.format.integrity import verify_blocks
 from snapstate.format.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from snapstate.format.shard import MAX_HEADER_BYTES, parse_header
 from snapstate.storage.base import Storage
+from snapstate.storage.local import LocalStorage
 
 VERIFY_READ_BYTES = 64 << 20
 
@@ -77,9 +78,8 @@ def read_manifest_bytes(storage: Storage) -> bytes:
 
 
 def _read_capped(storage: Storage) -> bytes:
-    regular = getattr(storage, "read_regular", None)
-    if regular is not None:
-        return bytes(regular(MANIFEST, MAX_MANIFEST_BYTES))
+    if isinstance(storage, LocalStorage):  # wrappers go through read_bytes (and see it)
+        return storage.read_regular(MANIFEST, MAX_MANIFEST_BYTES)
     return storage.read_bytes(MANIFEST, 0, MAX_MANIFEST_BYTES + 1)
 
 
