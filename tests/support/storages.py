@@ -39,22 +39,13 @@ class Delegating:
 
 
 class CountingStorage(Delegating):
-    """Counts the bytes read, per file, by ``read_into`` (tensor data) and ``read_bytes`` (and the
-    manifest's ``read_regular`` where the backend has one)."""
+    """Counts the bytes read, per file, by ``read_into`` (tensor data) and ``read_bytes``."""
 
     def __init__(self, inner: Storage) -> None:
         super().__init__(inner)
         self.lock = threading.Lock()
         self.data_reads: dict[str, int] = {}
         self.small_reads: dict[str, int] = {}
-        if hasattr(inner, "read_regular"):  # the manifest's capped regular-file read (local)
-            self.read_regular = self._read_regular
-
-    def _read_regular(self, path: str, cap: int) -> bytes:
-        data = bytes(self.inner.read_regular(path, cap))  # type: ignore[attr-defined]
-        with self.lock:
-            self.small_reads[path] = self.small_reads.get(path, 0) + len(data)
-        return data
 
     def read_into(self, path: str, offset: int, out: memoryview) -> None:
         self.inner.read_into(path, offset, out)
