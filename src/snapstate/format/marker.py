@@ -12,12 +12,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from snapstate.errors import CorruptCheckpointError
+from snapstate.format.manifest import _Validator
 
 MARKER_FORMAT = "snapstate-marker"
 MARKER_VERSION = 1
 PLACEMENTS = ("replicate", "shard", "rank_local")
-_INT_MAX = (1 << 63) - 1
 
 
 @dataclass(frozen=True)
@@ -120,7 +119,7 @@ def parse_marker(raw: bytes, file: str, rank: int | None = None) -> Marker:
     return Marker(
         rank=found,
         files={check.text(p, "files"): check.integer(s, p) for p, s in _items(check, doc, "files")},
-        chunks=tuple(check.chunk(c) for c in check.array(doc.get("chunks"), "chunks")),
+        chunks=tuple(check.marker_chunk(c) for c in check.array(doc.get("chunks"), "chunks")),
         kinds={k: check.text(v, k) for k, v in _items(check, doc, "kinds")},
         local_trees=check.mapping(local.get("trees"), "rank_local.trees"),
         local_tensors={
@@ -141,20 +140,8 @@ def _items(check: _Check, doc: dict[str, Any], key: str, optional: bool = False)
     return check.mapping(value, key).items()
 
 
-class _Check:
-    def __init__(self, file: str) -> None:
-        self.file = file
-
-    def fail(self, message: str, key: str | None = None) -> CorruptCheckpointError:
-        return CorruptCheckpointError(message, file=self.file, key=key)
-
-    def require(self, ok: bool, message: str, key: str | None = None) -> None:
-        if not ok:
-            raise self.fail(message, key)
-
-    def mapping(self, value: Any, key: str) -> dict[str, Any]:
-        self.require(isinstance(value, dict), f"{key} is not an object", key)
-        return value
+class _Check(_Validator):
+    """The manifest's checks (fail, require, mapping, integer) plus the marker's records."""
 
     def array(self, value: Any, key: str) -> list[Any]:
         self.require(isinstance(value, list), f"{key} is not a list", key)
@@ -164,15 +151,10 @@ class _Check:
         self.require(isinstance(value, str), f"{value!r} is not a string"[:200], key)
         return value
 
-    def integer(self, value: Any, key: str) -> int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX
-        self.require(ok, f"{value!r} is not an integer in [0, 2**63)"[:200], key)
-        return value
-
-    def ints(self, value: Any, key: str) -> tuple[int, ...]:
+    def int_tuple(self, value: Any, key: str) -> tuple[int, ...]:
         return tuple(self.integer(x, key) for x in self.array(value, key))
 
-    def chunk(self, value: Any) -> MarkerChunk:
+    def marker_chunk(self, value: Any) -> MarkerChunk:
         c = self.mapping(value, "chunks")
         key = self.text(c.get("key"), "chunks")
         chunk = MarkerChunk(
@@ -182,8 +164,8 @@ class _Check:
             name=self.text(c.get("name"), key),
             start=self.integer(c.get("start"), key),
             end=self.integer(c.get("end"), key),
-            offsets=self.ints(c.get("offsets"), key),
-            sizes=self.ints(c.get("sizes"), key),
+            offsets=self.int_tuple(c.get("offsets"), key),
+            sizes=self.int_tuple(c.get("sizes"), key),
             block_bytes=self.integer(c.get("block_bytes"), key),
             xxh3=tuple(self.text(h, key) for h in self.array(c.get("xxh3"), key)),
         )
@@ -197,6 +179,6 @@ class _Check:
         t = self.mapping(value, key)
         return LocalTensor(
             self.text(t.get("dtype"), key),
-            self.ints(t.get("shape"), key),
+            self.int_tuple(t.get("shape"), key),
             self.text(t.get("kind"), key),
         )
