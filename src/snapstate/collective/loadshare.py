@@ -84,22 +84,16 @@ def shared_reads(
     gathered = gather_or_raise(coord, lambda: list(needs))
     plan = plan_reads(gathered, batch_bytes)
     stats = SharedLoadStats()
-    error: list[Exception] = []
     mine = [needs[s] for s in plan.reads_for(coord.rank, list(needs))]
-    try:
+
+    def read_mine() -> None:  # an error here is raised on every rank by the gather
         _run_parallel(
             lambda n: _read_need(storage, n, stats, finish=n.span not in plan.readers),
             mine,
             threads,
         )
-    except Exception as exc:  # noqa: BLE001 - raised on every rank by the gather below
-        error.append(exc)
 
-    def status() -> None:
-        if error:
-            raise error[0]
-
-    gather_or_raise(coord, status)
+    gather_or_raise(coord, read_mine)
     _transfer(coord, plan, needs, stats)
     for need in needs.values():
         if need.span in plan.readers:

@@ -151,17 +151,11 @@ def _transfer(
     if coord is None:
         result.bytes_read = run_reads(storage, tasks, threads)
         return
-    error: list[Exception] = []
-    try:
+
+    def read_all() -> None:  # an error here is raised on every rank by the gather
         result.bytes_read = run_reads(storage, tasks, threads)
-    except Exception as exc:  # noqa: BLE001 - raised on every rank by the gather below
-        error.append(exc)
 
-    def outcome() -> None:
-        if error:
-            raise error[0]
-
-    gather_or_raise(coord, outcome)
+    gather_or_raise(coord, read_all)
 
 
 def stored_lookup(
