@@ -196,7 +196,7 @@ class CheckpointManager:
         try:
             if isinstance(self.storage, LocalStorage):
                 target = _free_name(self.storage, f"{name}.corrupt")
-                os.rename(self.storage._full(name), self.storage._full(target))
+                self.storage.rename(name, target)
                 self.storage.sync_dir()
             else:
                 manifest = f"{name}/manifest.json"

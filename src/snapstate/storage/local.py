@@ -188,6 +188,10 @@ class LocalStorage:
     def remove_tree(self, path: str = "") -> None:
         shutil.rmtree(self._full(path), ignore_errors=True)
 
+    def rename(self, src: str, dst: str) -> None:
+        """One atomic rename within the root (not part of the Storage protocol)."""
+        os.rename(self._full(src), self._full(dst))
+
     def makedirs(self, path: str = "") -> None:
         os.makedirs(self._full(path), exist_ok=True)
 
