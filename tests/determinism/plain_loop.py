@@ -116,7 +116,9 @@ def run(args: argparse.Namespace) -> None:
                     mgr.save(state["step"], state)
                 if state["step"] == args.kill_at:
                     mgr.wait()
-                    (out / "ready").write_text(str(mgr.latest_step()))
+                    # written whole, then renamed: the test reads it the moment it appears
+                    (out / "ready.tmp").write_text(str(mgr.latest_step()))
+                    (out / "ready.tmp").replace(out / "ready")
                     time.sleep(600)  # SIGKILLed here
                     raise SystemExit("expected to be killed")
     torch.save(

@@ -190,7 +190,9 @@ def run(args: argparse.Namespace) -> None:
                 mgr.save(state["step"], state)
             if state["step"] == args.kill_at:
                 mgr.wait()  # the last checkpoint is committed before we say we are ready
-                (out / READY).write_text(str(mgr.latest_step()))
+                # written whole, then renamed: the test reads it the moment it appears
+                (out / "ready.tmp").write_text(str(mgr.latest_step()))
+                (out / "ready.tmp").replace(out / READY)
                 time.sleep(600)  # the parent SIGKILLs us here; getting past this is a failure
                 raise SystemExit("expected to be killed")
     write_final(state, out / FINAL)
