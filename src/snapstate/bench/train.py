@@ -152,6 +152,15 @@ class Trainer:
 
         return state_bytes(self.module.state_dict()) + state_bytes(self.optim.state_dict())
 
+    def param_count(self) -> int:
+        from snapstate.bench.models import count_params
+
+        return count_params(self.module)
+
+    def final_params(self) -> dict[str, Any]:
+        """The model's tensors as numpy arrays, for the bitwise resume check."""
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.module.state_dict().items()}
+
 
 def init_distributed(rank: int, world: int, timeout_s: float = 300.0) -> None:
     """Join the process group from the environment: gloo on CPU, NCCL (plus gloo) on GPU."""

@@ -1,19 +1,17 @@
-"""Checkpointing methods compared by the harness: one small interface and a registry."""
+"""PyTorch's methods: torch.save (rank 0 / every rank), DCP (blocking / async) and snapstate."""
 
 from __future__ import annotations
 
 import os
 import re
 import threading
-from abc import ABC, abstractmethod
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from snapstate.bench.measure import now
+from snapstate.bench.methods.base import Method, MethodInfo, Pending, register
 from snapstate.bench.train import Trainer
 
 TORCH_RECIPE = ("model", "optimizer", "scheduler", "step", "epoch")
@@ -22,122 +20,6 @@ TORCH_RESUME_NOTE = (
     "data loader begins its epoch again (batches already seen are seen twice) and the RNG "
     "streams (augmentation, dropout) start from the seed, not from where they were"
 )
-
-
-@dataclass(frozen=True)
-class MethodInfo:
-    """What a method is, for the report: format, what it saves, who writes, how it resumes."""
-
-    name: str
-    framework: str
-    format: str
-    saves: tuple[str, ...]
-    asynchronous: bool
-    writers: str
-    resume_note: str
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-class Pending:
-    """One save in flight: when it was called and when its bytes became durable."""
-
-    def __init__(self, started: float) -> None:
-        self.started = started
-        self.finished: float | None = None
-        self.error: BaseException | None = None
-        self.extra: dict[str, Any] = {}
-        self._event = threading.Event()
-
-    def finish(self, error: BaseException | None = None) -> None:
-        self.finished = now()
-        self.error = error
-        self._event.set()
-
-    def wait(self, timeout: float | None = None) -> None:
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"save did not finish within {timeout} s")
-        if self.error is not None:
-            raise RuntimeError(f"background save failed: {self.error!r}") from self.error
-
-    @property
-    def save_s(self) -> float:
-        assert self.finished is not None, "save not finished"
-        return self.finished - self.started
-
-
-class Method(ABC):
-    """A way to checkpoint: ``save`` returns when training may go on; ``wait`` until durable."""
-
-    info: ClassVar[MethodInfo]
-
-    def __init__(self, rank: int, world: int) -> None:
-        self.rank, self.world = rank, world
-        self._pending: Pending | None = None
-
-    @classmethod
-    def unavailable(cls, world: int = 1) -> str | None:
-        """Why this method cannot run here on ``world`` ranks, or None."""
-        return None
-
-    def save(self, trainer: Trainer, path: Path) -> Pending:
-        pending = Pending(now())
-        # A new save waits for the previous one; that wait is training time lost, so it counts.
-        self.wait()
-        self._start(trainer, path, pending)
-        self._pending = pending
-        return pending
-
-    @abstractmethod
-    def _start(self, trainer: Trainer, path: Path, pending: Pending) -> None:
-        """Write (or stage and hand off) a checkpoint; call ``pending.finish`` when durable."""
-
-    def wait(self, timeout: float | None = 3600.0) -> None:
-        if self._pending is not None:
-            self._pending.wait(timeout)
-            self._pending = None
-
-    @abstractmethod
-    def load(self, trainer: Trainer, path: Path) -> None:
-        """Restore what this method saved into the trainer, in place."""
-
-    def owner(self, relpath: str) -> int:
-        """Which rank wrote the file at ``relpath`` (inside one checkpoint)."""
-        return 0
-
-    def describe(self) -> dict[str, Any]:
-        return self.info.to_dict()
-
-    def close(self) -> None:
-        self.wait()
-
-
-METHODS: dict[str, type[Method]] = {}
-
-
-def register(cls: type[Method]) -> type[Method]:
-    """Class decorator: make a method selectable by its ``info.name`` (TensorFlow, Chainer …)."""
-    METHODS[cls.info.name] = cls
-    return cls
-
-
-def method_names() -> list[str]:
-    return list(METHODS)
-
-
-def get_method(name: str) -> type[Method]:
-    if name not in METHODS:
-        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
-    return METHODS[name]
-
-
-def fsync_file(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def torch_recipe_state(trainer: Trainer) -> dict[str, Any]:
@@ -308,7 +190,7 @@ class DCPAsync(_DCPBase):
 
 
 class _SnapstateBase(Method):
-    """snapstate: the full training state (RNG and data position included) in snapstate/1."""
+    """snapstate: the full training state (RNG and data position included) in snapstate/2."""
 
     def __init__(self, rank: int, world: int) -> None:
         super().__init__(rank, world)
@@ -382,7 +264,7 @@ class Snapstate(_SnapstateBase):
     info = MethodInfo(
         "snapstate",
         "torch",
-        "snapstate/1 (JSON manifest + safetensors shards)",
+        "snapstate/2 (JSON manifest + safetensors shards)",
         SNAPSTATE_SAVES,
         False,
         "every rank writes a byte-balanced share, replicated data once",
@@ -403,7 +285,7 @@ class SnapstateAsync(_SnapstateBase):
     info = MethodInfo(
         "snapstate-async",
         "torch",
-        "snapstate/1 (JSON manifest + safetensors shards)",
+        "snapstate/2 (JSON manifest + safetensors shards)",
         SNAPSTATE_SAVES,
         True,
         "every rank writes a byte-balanced share, replicated data once",

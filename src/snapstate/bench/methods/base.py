@@ -1,0 +1,161 @@
+"""The interface every checkpointing method implements, and the registry the harness picks from."""
+
+from __future__ import annotations
+
+import os
+import threading
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from snapstate.bench.measure import now
+
+
+class BenchTrainer(Protocol):
+    """What the harness drives, in any framework: data-parallel training one step at a time.
+
+    torch.distributed (gloo) is up before a trainer is built, on every framework, so methods
+    and snapstate's adapters can use its collectives beside the framework's own.
+    """
+
+    rank: int
+    world: int
+    step: int
+    epoch: int
+
+    def train_step(self) -> float:
+        """One optimizer step on this rank's batch; the loss (the same on every rank)."""
+
+    def unique_state_bytes(self) -> int:
+        """Bytes of one copy of the model and optimizer state."""
+
+    def param_count(self) -> int: ...
+
+    def final_params(self) -> dict[str, Any]:
+        """The model's weights by stable name, as numpy arrays, for the bitwise resume check."""
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    """What a method is, for the report: format, what it saves, who writes, how it resumes."""
+
+    name: str
+    framework: str
+    format: str
+    saves: tuple[str, ...]
+    asynchronous: bool
+    writers: str
+    resume_note: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Pending:
+    """One save in flight: when it was called and when its bytes became durable."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.finished: float | None = None
+        self.error: BaseException | None = None
+        self.extra: dict[str, Any] = {}
+        self._event = threading.Event()
+
+    def finish(self, error: BaseException | None = None) -> None:
+        self.finished = now()
+        self.error = error
+        self._event.set()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"save did not finish within {timeout} s")
+        if self.error is not None:
+            raise RuntimeError(f"background save failed: {self.error!r}") from self.error
+
+    @property
+    def save_s(self) -> float:
+        assert self.finished is not None, "save not finished"
+        return self.finished - self.started
+
+
+class Method(ABC):
+    """A way to checkpoint: ``save`` returns when training may go on; ``wait`` until durable."""
+
+    info: ClassVar[MethodInfo]
+
+    def __init__(self, rank: int, world: int) -> None:
+        self.rank, self.world = rank, world
+        self._pending: Pending | None = None
+
+    @classmethod
+    def unavailable(cls, world: int = 1) -> str | None:
+        """Why this method cannot run here on ``world`` ranks, or None.
+
+        Asked in the harness's process, which may lack the framework: a subclass checks what
+        it needs beyond its framework's environment without importing the framework.
+        """
+        from snapstate.bench.frameworks import unavailable
+
+        return unavailable(cls.info.framework)
+
+    def save(self, trainer: Any, path: Path) -> Pending:
+        pending = Pending(now())
+        # A new save waits for the previous one; that wait is training time lost, so it counts.
+        self.wait()
+        self._start(trainer, path, pending)
+        self._pending = pending
+        return pending
+
+    @abstractmethod
+    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
+        """Write (or stage and hand off) a checkpoint; call ``pending.finish`` when durable."""
+
+    def wait(self, timeout: float | None = 3600.0) -> None:
+        if self._pending is not None:
+            self._pending.wait(timeout)
+            self._pending = None
+
+    @abstractmethod
+    def load(self, trainer: Any, path: Path) -> None:
+        """Restore what this method saved into the trainer, in place."""
+
+    def owner(self, relpath: str) -> int:
+        """Which rank wrote the file at ``relpath`` (inside one checkpoint)."""
+        return 0
+
+    def describe(self) -> dict[str, Any]:
+        return self.info.to_dict()
+
+    def close(self) -> None:
+        self.wait()
+
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(cls: type[Method]) -> type[Method]:
+    """Class decorator: make a method selectable by its ``info.name`` (TensorFlow, Chainer …)."""
+    METHODS[cls.info.name] = cls
+    return cls
+
+
+def method_names() -> list[str]:
+    return list(METHODS)
+
+
+def get_method(name: str) -> type[Method]:
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return METHODS[name]
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file under ``path`` (or ``path`` itself): every method is timed to durable."""
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
+    for file in files:
+        fd = os.open(file, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
