@@ -36,5 +36,5 @@ def test_main_table_flags_an_impossible_gain() -> None:
             r["overhead_pct"] = -40.0 - r["repeat"]
     table = main_table(doc)
     assert "blocking after 1st" in table
-    line = next(x for x in table.splitlines() if x.startswith("| torch-allranks"))
+    line = next(x for x in table.splitlines() if x.startswith("| torch | torch-allranks"))
     assert "measurement unreliable" in line

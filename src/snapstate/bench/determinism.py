@@ -9,6 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from snapstate.bench import launch
 from snapstate.bench.methods import get_method
 from snapstate.bench.presets import BenchConfig
@@ -33,6 +35,7 @@ class TrainJob:
     kill_after: int | None = None
     resume_from: str | None = None
     kind: str = "train"
+    framework: str = "torch"
 
 
 # ---- rank side -------------------------------------------------------------------------------
@@ -40,10 +43,11 @@ class TrainJob:
 
 def train_on_rank(raw: dict[str, Any], rank: int, world: int) -> None:
     """Train to ``steps``; log rank 0's loss each step; checkpoint, or resume, as the job says."""
-    from snapstate.bench.train import TrainConfig, Trainer
+    from snapstate.bench.frameworks import build_trainer
+    from snapstate.bench.train import TrainConfig
 
     job = TrainJob(**raw)
-    trainer = Trainer(TrainConfig(**job.train), rank, world)
+    trainer = build_trainer(job.framework, TrainConfig(**job.train), rank, world)
     method = get_method(job.method)(rank, world) if job.method else None
     if method is not None and job.resume_from:
         method.load(trainer, Path(job.resume_from))
@@ -85,12 +89,10 @@ def checkpoint(method: Any, trainer: Any, job: TrainJob, out: Path) -> None:
 
 
 def _save_params(trainer: Any, path: Path) -> None:
-    from safetensors.torch import save_file
+    import numpy as np
+    from safetensors.numpy import save_file
 
-    save_file(
-        {k: v.detach().cpu().contiguous() for k, v in trainer.module.state_dict().items()},
-        str(path),
-    )
+    save_file({k: np.ascontiguousarray(v) for k, v in trainer.final_params().items()}, str(path))
 
 
 # ---- parent side -----------------------------------------------------------------------------
@@ -116,15 +118,17 @@ def run_checks(
         "samples": cfg.samples,
         "data_dir": cfg.data_dir,
     }
-    refs: dict[int, Path] = {}
+    refs: dict[tuple[str, int], Path] = {}
     results = []
     for name, world in methods.items():
-        if world not in refs:
-            refs[world] = work / f"reference-n{world}"
-            _run(TrainJob(train, plan.steps, str(refs[world])), world, cfg.timeout_s)
-            progress.advance(f"determinism: reference run of {plan.model} on {world} rank(s)")
+        fw = get_method(name).info.framework
+        if (fw, world) not in refs:
+            refs[fw, world] = work / f"reference-{fw}-n{world}"
+            job = TrainJob(train, plan.steps, str(refs[fw, world]), framework=fw)
+            _run(job, world, cfg.timeout_s)
+            progress.advance(f"determinism: {fw} reference run of {plan.model} on {world} rank(s)")
         results.append(
-            check_method(cfg, name, world, train, refs[world], work / f"{name}-n{world}")
+            check_method(cfg, name, world, train, refs[fw, world], work / f"{name}-n{world}")
         )
         progress.advance(f"determinism: {name} killed and resumed")
     return results
@@ -137,16 +141,23 @@ def check_method(
     assert plan is not None
     ckpt = work / "ckpt"
     killed, resumed = work / "killed", work / "resumed"
+    fw = get_method(name).info.framework
     job = TrainJob(
-        train, plan.steps, str(killed), name, plan.every, str(ckpt), kill_after=plan.every
+        train,
+        plan.steps,
+        str(killed),
+        name,
+        plan.every,
+        str(ckpt),
+        kill_after=plan.every,
+        framework=fw,
     )
     _run_and_kill(job, world, cfg.timeout_s)
     resume_from = ckpt / f"step-{plan.every:09d}"
-    _run(
-        TrainJob(train, plan.steps, str(resumed), name, resume_from=str(resume_from)),
-        world,
-        cfg.timeout_s,
+    resume = TrainJob(
+        train, plan.steps, str(resumed), name, resume_from=str(resume_from), framework=fw
     )
+    _run(resume, world, cfg.timeout_s)
     return compare(name, plan.model, world, plan.every, ref, killed, resumed)
 
 
@@ -160,14 +171,14 @@ def _write_job(job: TrainJob) -> Path:
 
 def _run(job: TrainJob, world: int, timeout_s: float) -> None:
     path = _write_job(job)
-    launch.run(path, world, path.parent / "logs", timeout_s)
+    launch.run(path, world, path.parent / "logs", timeout_s, job.framework)
 
 
 def _run_and_kill(job: TrainJob, world: int, timeout_s: float) -> None:
     """Start the ranks; SIGKILL every one of them as soon as the checkpoint is durable."""
     path = _write_job(job)
     marker = path.parent / MARKER
-    group = launch.start(path, world, path.parent / "logs")
+    group = launch.start(path, world, path.parent / "logs", job.framework)
     try:
         launch.wait(group, timeout_s, until=marker.exists)
     finally:
@@ -215,7 +226,7 @@ def compare(
 
 def compare_params(a: Path, b: Path) -> tuple[bool, float]:
     """(bitwise identical, largest absolute difference) over every tensor of the model."""
-    from safetensors.torch import load_file
+    from safetensors.numpy import load_file
 
     x, y = load_file(str(a)), load_file(str(b))
     if x.keys() != y.keys():
@@ -227,15 +238,10 @@ def compare_params(a: Path, b: Path) -> tuple[bool, float]:
             return False, math.inf
         if not _bitwise(t, u):
             same = False
-            worst = max(worst, float((t.double() - u.double()).abs().max()))
+            worst = max(worst, float(np.max(np.abs(t.astype(np.float64) - u.astype(np.float64)))))
     return same, worst
 
 
-def _bitwise(t: Any, u: Any) -> bool:
+def _bitwise(t: np.ndarray, u: np.ndarray) -> bool:
     """Equal bit patterns (so -0.0 vs 0.0 or differing NaNs count as different)."""
-    import torch
-
-    if t.is_floating_point():
-        width = {2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()]
-        return bool(torch.equal(t.view(width), u.view(width)))
-    return bool(torch.equal(t, u))
+    return t.tobytes() == u.tobytes()

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import snapstate.bench
+from snapstate.bench.frameworks import get_framework, python_for
 
 WORKER_MODULE = "snapstate.bench.worker"
 
@@ -41,15 +43,24 @@ def distributed_env() -> tuple[int, int] | None:
     return None
 
 
-def _rank_env(rank: int, world: int, port: int) -> dict[str, str]:
-    env = dict(os.environ)
+def _group_env(world: int, port: int) -> dict[str, str]:
+    """What every rank of a launch shares: this source tree first, the rendezvous address."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "TF_CONFIG")}
     src = str(Path(snapstate.bench.__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
-    env.update(
-        RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world)
-    )
+    env.update(WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), PYTHONUNBUFFERED="1")
     return env
+
+
+def _rank_env(rank: int, world: int, port: int) -> dict[str, str]:
+    return {**_group_env(world, port), "RANK": str(rank), "LOCAL_RANK": str(rank)}
+
+
+def tf_config(rank: int, ports: list[int]) -> str:
+    """TF_CONFIG of worker ``rank`` in a MultiWorkerMirroredStrategy cluster on loopback."""
+    workers = [f"127.0.0.1:{p}" for p in ports]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank}})
 
 
 @dataclass
@@ -61,8 +72,10 @@ class RankGroup:
 
     def kill(self) -> None:
         for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGKILL)
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # already gone, with everything it started
         for p in self.procs:
             p.wait()
 
@@ -83,22 +96,49 @@ class RankGroup:
             return ""
 
 
-def start(job_file: Path, world: int, log_dir: Path) -> RankGroup:
-    """Start ``world`` worker processes running the job in ``job_file``."""
-    port = free_port()
+def start(job_file: Path, world: int, log_dir: Path, framework: str = "torch") -> RankGroup:
+    """Start ``world`` ranks running the job in ``job_file``, in the framework's environment."""
+    python = python_for(framework)
+    if python is None:
+        raise WorkerError(f"no Python environment for {framework} (see snapstate.bench.frameworks)")
     log_dir.mkdir(parents=True, exist_ok=True)
+    cmd = [python, "-m", WORKER_MODULE, str(job_file)]
+    if get_framework(framework).launcher == "mpirun":
+        return _start_mpirun(cmd, world, log_dir)
+    port = free_port()
+    tf_ports = [free_port() for _ in range(world)] if framework == "tensorflow" else []
     procs, logs = [], []
     for rank in range(world):
-        log = log_dir / f"rank{rank}.log"
-        with open(log, "wb") as out:
-            cmd = [sys.executable, "-m", WORKER_MODULE, str(job_file)]
-            procs.append(
-                subprocess.Popen(
-                    cmd, env=_rank_env(rank, world, port), stdout=out, stderr=subprocess.STDOUT
-                )
-            )
-        logs.append(log)
+        env = _rank_env(rank, world, port)
+        if world > 1 and tf_ports:
+            env["TF_CONFIG"] = tf_config(rank, tf_ports)
+        logs.append(log_dir / f"rank{rank}.log")
+        procs.append(_popen(cmd, env, logs[-1]))
     return RankGroup(procs, logs)
+
+
+def _start_mpirun(cmd: list[str], world: int, log_dir: Path) -> RankGroup:
+    """One ``mpirun`` for all ranks (ChainerMN's communicators need MPI); one log for all."""
+    mpirun = shutil.which("mpirun")
+    if mpirun is None:
+        raise WorkerError("mpirun not found: install Open MPI (openmpi-bin libopenmpi-dev)")
+    env = _group_env(world, free_port())
+    forward = [
+        a
+        for k in ("PYTHONPATH", "MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED")
+        for a in ("-x", k)
+    ]
+    mpi = [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", str(world), *forward]
+    log = log_dir / "mpirun.log"
+    return RankGroup([_popen(mpi + cmd, env, log)], [log])
+
+
+def _popen(cmd: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    # A session of its own: a kill reaches everything the rank started (mpirun's ranks).
+    with open(log, "wb") as out:
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
 
 
 def wait(group: RankGroup, timeout_s: float, until: Callable[[], bool] | None = None) -> None:
@@ -119,6 +159,8 @@ def wait(group: RankGroup, timeout_s: float, until: Callable[[], bool] | None = 
         time.sleep(0.02)
 
 
-def run(job_file: Path, world: int, log_dir: Path, timeout_s: float) -> None:
+def run(
+    job_file: Path, world: int, log_dir: Path, timeout_s: float, framework: str = "torch"
+) -> None:
     """Start the ranks and wait for all of them to succeed."""
-    wait(start(job_file, world, log_dir), timeout_s)
+    wait(start(job_file, world, log_dir, framework), timeout_s)

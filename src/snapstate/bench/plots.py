@@ -19,6 +19,7 @@ PLOTS = (
     "bytes_on_disk.png",
     "bytes_per_rank.png",
     "blocking_vs_persist.png",
+    "bytes_vs_ranks.png",
 )
 DETERMINISM_PLOT = "determinism.png"
 
@@ -202,6 +203,26 @@ def _yn(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def bytes_vs_ranks(records: list[Row], path: Path) -> None:
+    """MB on disk per checkpoint against ranks, one line per method, one panel per model."""
+    models = _ordered(records, "model")
+    fig, axes = _subplots(len(models))
+    groups = _by(records, "method", "model", "ranks")
+    for ax, model in zip(axes, models, strict=False):
+        for method in _ordered(records, "method"):
+            pts = sorted(
+                (n, _median(rs, "bytes_on_disk") / 1e6)
+                for (m, mo, n), rs in groups.items()
+                if m == method and mo == model
+            )
+            if pts:
+                ax.plot([n for n, _ in pts], [y for _, y in pts], marker="o", label=method)
+        ax.set(title=model, xlabel="ranks", ylabel="MB on disk per checkpoint")
+        ax.set_xticks(sorted({r["ranks"] for r in records}))
+    axes[0].legend(fontsize=7)
+    _save(fig, path)
+
+
 def render_all(doc: dict[str, Any], out: Path) -> list[Path]:
     """Draw every plot the report links; returns their paths."""
     records = doc["records"]
@@ -209,7 +230,7 @@ def render_all(doc: dict[str, Any], out: Path) -> list[Path]:
     if records:
         for name, draw in zip(
             PLOTS,
-            (overhead_vs_ranks, bytes_on_disk, bytes_per_rank, blocking_vs_persist),
+            (overhead_vs_ranks, bytes_on_disk, bytes_per_rank, blocking_vs_persist, bytes_vs_ranks),
             strict=True,
         ):
             draw(records, out / name)

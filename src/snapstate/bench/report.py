@@ -136,6 +136,7 @@ def main_table(doc: dict[str, Any]) -> str:
     for (method, model, ranks), rs in at_largest(doc):
         rows.append(
             [
+                rs[0].get("framework", "torch"),
                 method,
                 model,
                 str(ranks),
@@ -151,6 +152,7 @@ def main_table(doc: dict[str, Any]) -> str:
             ]
         )
     header = [
+        "framework",
         "method",
         "model",
         "ranks",
@@ -238,9 +240,35 @@ def rq2(doc: dict[str, Any]) -> str:
     return _section(
         f"RQ2 — formats and sizes ({_ranks_title(doc)})",
         "Unique state is one copy of the model and optimizer tensors; × unique above 1 is redundancy.",
-        table(header, rows),
+        table(header, rows) + "\n" + bytes_vs_ranks(doc),
         "bytes_on_disk.png",
+        "bytes_vs_ranks.png",
     )
+
+
+def bytes_vs_ranks(doc: dict[str, Any]) -> str:
+    """Bytes on disk of one checkpoint at every world size: does the method write a copy per rank?"""
+    worlds = sorted({r["ranks"] for r in doc["records"]})
+    if len(worlds) < 2:
+        return ""
+    by_key = group(doc["records"])
+    rows = []
+    for method, model in sorted({(m, mo) for m, mo, _ in by_key}, key=lambda k: (k[1], k[0])):
+        sizes = {
+            n: med(by_key[method, model, n], "bytes_on_disk")
+            for n in worlds
+            if (method, model, n) in by_key
+        }
+        first, last = min(sizes), max(sizes)
+        growth = sizes[last] / sizes[first] if sizes[first] else 0.0
+        cells = [fmt_bytes(sizes[n]) if n in sizes else "–" for n in worlds]
+        rows.append([model, method, *cells, f"{growth:.2f}× ({first}→{last} ranks)"])
+    header = ["model", "method", *[f"on disk, {n} rank{'s' if n > 1 else ''}" for n in worlds]]
+    text = (
+        "\nBytes on disk against the number of ranks, measured: 1.00× means one copy of the state "
+        "whatever the scale; growth in step with the ranks means every rank writes its own copy.\n\n"
+    )
+    return text + table([*header, "growth"], rows)
 
 
 def rq3(doc: dict[str, Any]) -> str:

@@ -51,6 +51,7 @@ class Record:
     model_params: int = 0
     format: str = ""
     device: str = "cpu"
+    framework: str = "torch"
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -150,6 +151,7 @@ def records_from_run(
         rec.unique_state_bytes, rec.model_params = run["unique_state_bytes"], run["model_params"]
         rec.raw_write_bytes_per_s, rec.device = raw_bps, run.get("device", "cpu")
         rec.format = infos.get(name, {}).get("format", "")
+        rec.framework = run.get("framework", infos.get(name, {}).get("framework", "torch"))
         out.append(rec)
     return out
 

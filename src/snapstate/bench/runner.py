@@ -96,8 +96,23 @@ def plan_runs(cfg: BenchConfig) -> list[tuple[str, int, int]]:
     return [(m, n, r) for r in range(cfg.repeats) for m in cfg.models for n in cfg.ranks]
 
 
+def by_framework(methods: list[str]) -> dict[str, list[str]]:
+    """Methods grouped by framework, in their order: each group runs in its own environment,
+    against a no-checkpoint baseline of the same framework's training."""
+    out: dict[str, list[str]] = {}
+    for m in methods:
+        out.setdefault(get_method(m).info.framework, []).append(m)
+    return out
+
+
 def measure_job(
-    cfg: BenchConfig, methods: list[str], model: str, repeat: int, work: Path, tag: str
+    cfg: BenchConfig,
+    methods: list[str],
+    model: str,
+    repeat: int,
+    work: Path,
+    tag: str,
+    framework: str = "torch",
 ) -> MeasureJob:
     ckpt_root = Path(cfg.ckpt_dir) if cfg.ckpt_dir else work
     return MeasureJob(
@@ -109,16 +124,18 @@ def measure_job(
         repeat=repeat,
         ckpt_dir=str(ckpt_root / f"ckpt-{tag}"),
         result_file=str(work / f"{tag}.json"),
+        framework=framework,
     )
 
 
 def run_measurements(
     jobs: list[MeasureJob], world: int, work: Path, tag: str, timeout_s: float
 ) -> None:
-    """Launch ``world`` ranks that run the jobs one after the other."""
+    """Launch ``world`` ranks that run the jobs (all of one framework) one after the other."""
     job_file = work / f"{tag}.job.json"
     job_file.write_text(json.dumps({"kind": "measure-batch", "jobs": [j.to_dict() for j in jobs]}))
-    launch.run(job_file, world, work / f"logs-{tag}", timeout_s * len(jobs))
+    framework = jobs[0].framework if jobs else "torch"
+    launch.run(job_file, world, work / f"logs-{tag}", timeout_s * len(jobs), framework)
 
 
 def new_document(cfg: BenchConfig, blocked: Blocked) -> dict[str, Any]:
@@ -145,14 +162,18 @@ def run_bench(
     doc = new_document(cfg, blocked)
     work = out / "work"
     work.mkdir(parents=True, exist_ok=True)
-    runs = [r for r in plan_runs(cfg) if runnable(cfg, r[1], blocked)]
+    runs = [
+        (model, world, repeat, fw, methods)
+        for model, world, repeat in plan_runs(cfg)
+        for fw, methods in by_framework(runnable(cfg, world, blocked)).items()
+    ]
     det = determinism_worlds(cfg, blocked)
     progress.begin(len(runs) + (len(det) + len(set(det.values())) if det else 0))
     for (name, world), reason in blocked.items():
         progress.note(f"{name} on {world} rank(s): skipped, {reason}")
-    for model, world, repeat in runs:
-        _measure_into(doc, cfg, runnable(cfg, world, blocked), (model, world, repeat), work)
-        progress.advance(f"{model} on {world} rank(s), repeat {repeat + 1}/{cfg.repeats}")
+    for model, world, repeat, fw, methods in runs:
+        _measure_into(doc, cfg, methods, (model, world, repeat), work, fw)
+        progress.advance(f"{fw} {model} on {world} rank(s), repeat {repeat + 1}/{cfg.repeats}")
         write_results(doc, out / "results.json")  # partial results survive an interrupted sweep
     if det:
         _determinism_into(doc, cfg, det, work / "determinism", progress)
@@ -168,10 +189,11 @@ def _measure_into(
     methods: list[str],
     run: tuple[str, int, int],
     work: Path,
+    framework: str = "torch",
 ) -> None:
     model, world, repeat = run
-    tag = f"{_safe(model)}-n{world}-r{repeat}"
-    job = measure_job(cfg, methods, model, repeat, work, tag)
+    tag = f"{framework}-{_safe(model)}-n{world}-r{repeat}"
+    job = measure_job(cfg, methods, model, repeat, work, tag, framework)
     try:
         run_measurements([job], world, work, tag, cfg.timeout_s)
     except launch.WorkerError as e:
@@ -241,7 +263,8 @@ def run_inplace(cfg: BenchConfig, out: Path, rank: int, world: int) -> dict[str,
     set_threads(world)
     init_distributed(rank, world, cfg.timeout_s)
     blocked = find_blocked(cfg.methods, {world})
-    methods = runnable(cfg, world, blocked)
+    # Other frameworks need their own environments and launchers: only PyTorch runs in place.
+    methods = by_framework(runnable(cfg, world, blocked)).get("torch", [])
     doc = new_document(cfg, blocked)
     doc["config"]["ranks"] = [world]
     work = out / "work"

@@ -13,15 +13,10 @@ from typing import Any
 
 import torch.distributed as dist
 
+from snapstate.bench.frameworks import build_trainer
 from snapstate.bench.measure import PeakRSS, now, walk_files, write_fsync_seconds
-from snapstate.bench.methods import Method, Pending, get_method
-from snapstate.bench.train import (
-    TrainConfig,
-    Trainer,
-    init_distributed,
-    quiet_known_warnings,
-    set_threads,
-)
+from snapstate.bench.methods import BenchTrainer, Method, Pending, get_method
+from snapstate.bench.train import TrainConfig, init_distributed, quiet_known_warnings, set_threads
 
 
 @dataclass
@@ -37,6 +32,7 @@ class MeasureJob:
     ckpt_dir: str
     result_file: str
     kind: str = "measure"
+    framework: str = "torch"
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -72,7 +68,9 @@ def rotate(items: list[str], by: int) -> list[str]:
     return items[k:] + items[:k]
 
 
-def run_segment(trainer: Trainer, job: MeasureJob, method: Method | None, root: Path) -> Segment:
+def run_segment(
+    trainer: BenchTrainer, job: MeasureJob, method: Method | None, root: Path
+) -> Segment:
     """Train ``job.steps`` steps; checkpoint every ``job.every`` steps strictly before the last."""
     barrier()
     saves: list[tuple[Pending, float]] = []
@@ -100,7 +98,7 @@ def run_segment(trainer: Trainer, job: MeasureJob, method: Method | None, root: 
     return seg
 
 
-def timed_save(method: Method, trainer: Trainer, path: Path) -> tuple[Pending, float]:
+def timed_save(method: Method, trainer: BenchTrainer, path: Path) -> tuple[Pending, float]:
     """Start a save; (its pending completion, how long training was blocked)."""
     t = now()
     pending = method.save(trainer, path)
@@ -134,7 +132,7 @@ def evict_from_cache(path: Path) -> None:
             os.close(fd)
 
 
-def time_load(trainer: Trainer, method: Method, path: Path) -> float:
+def time_load(trainer: BenchTrainer, method: Method, path: Path) -> float:
     barrier()
     if hasattr(os, "posix_fadvise"):
         evict_from_cache(path)
@@ -153,7 +151,7 @@ def files_by_rank(method: Method, path: Path) -> list[dict[str, Any]]:
     ]
 
 
-def measure_method(trainer: Trainer, job: MeasureJob, name: str, root: Path) -> dict[str, Any]:
+def measure_method(trainer: BenchTrainer, job: MeasureJob, name: str, root: Path) -> dict[str, Any]:
     method = get_method(name)(trainer.rank, trainer.world)
     try:
         seg = run_segment(trainer, job, method, root)
@@ -185,7 +183,7 @@ def manifest_totals(path: Path) -> dict[str, Any] | None:
     return asdict(totals) if hasattr(totals, "__dataclass_fields__") else {"repr": repr(totals)}
 
 
-def raw_write_s(trainer: Trainer, root: Path, nbytes: int) -> float:
+def raw_write_s(trainer: BenchTrainer, root: Path, nbytes: int) -> float:
     """Every rank writes and fsyncs ``nbytes`` at once; the slowest rank's time."""
     root.mkdir(parents=True, exist_ok=True)
     barrier()
@@ -196,7 +194,7 @@ def raw_write_s(trainer: Trainer, root: Path, nbytes: int) -> float:
 
 def measure_on_rank(job: MeasureJob, rank: int, world: int) -> dict[str, Any] | None:
     """Run the whole measurement on this rank; rank 0 returns every rank's observations."""
-    trainer = Trainer(job.train, rank, world)
+    trainer = build_trainer(job.framework, job.train, rank, world)
     for _ in range(job.warmup):
         trainer.train_step()
     unique = trainer.unique_state_bytes()
@@ -226,14 +224,13 @@ def measure_on_rank(job: MeasureJob, rank: int, world: int) -> dict[str, Any] | 
         gathered = [mine]
     if rank != 0:
         return None
-    from snapstate.bench.models import count_params
-
     return {
         "unique_state_bytes": unique,
-        "model_params": count_params(trainer.module),
+        "model_params": trainer.param_count(),
         "ranks": gathered,
-        "device": str(trainer.device),
+        "device": str(getattr(trainer, "device", "cpu")),
         "threads": _threads(),
+        "framework": job.framework,
     }
 
 
@@ -256,11 +253,20 @@ def run_job(job: MeasureJob, rank: int, world: int) -> None:
     gc.collect()  # the next model starts from a clean heap
 
 
+def rank_from_env() -> tuple[int, int]:
+    """(rank, world) from the launcher: ours and torchrun set RANK, Open MPI its own names."""
+    env = os.environ
+    if "RANK" not in env and "OMPI_COMM_WORLD_RANK" in env:
+        env["RANK"], env["WORLD_SIZE"] = env["OMPI_COMM_WORLD_RANK"], env["OMPI_COMM_WORLD_SIZE"]
+        env["LOCAL_RANK"] = env.get("OMPI_COMM_WORLD_LOCAL_RANK", env["RANK"])
+    return int(env["RANK"]), int(env["WORLD_SIZE"])
+
+
 def main(argv: list[str]) -> int:
     """Entry point of one rank: ``python -m snapstate.bench.worker JOB.json``."""
     quiet_known_warnings()
     raw = load_job(argv[0])
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    rank, world = rank_from_env()
     set_threads(world)
     init_distributed(rank, world)
     try:
