@@ -35,13 +35,13 @@ def test_root_deleted_during_async_save_fails_the_save(
 ) -> None:
     root = tmp_path / "ckpt"
     if when == "before_fsync":
-        close = RankWriter.close
+        open_files = RankWriter._open_files
 
-        def deleting_close(self: RankWriter) -> Any:
-            shutil.rmtree(root)  # the writes so far went to files that are now unlinked
-            return close(self)
+        def deleting_open(self: RankWriter) -> None:
+            open_files(self)
+            shutil.rmtree(root)  # the writes to come go to files that are now unlinked
 
-        monkeypatch.setattr(RankWriter, "close", deleting_close)
+        monkeypatch.setattr(RankWriter, "_open_files", deleting_open)
     else:
         write_marker = save_mod.write_marker
 

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from snapstate.engine.background import run_in_background
 from snapstate.errors import CheckpointTimeoutError
 
 
@@ -35,27 +36,26 @@ class SaveHandle:
         self._result = result
         self._error: BaseException | None = None
         self.observed = result is not None
-        self._thread: threading.Thread | None = None
-        if run is not None:
-            self._thread = threading.Thread(
-                target=self._target, args=(run,), name="snapstate-save", daemon=True
-            )
-            self._thread.start()
+        self._finished = threading.Event()
+        if run is None:
+            self._finished.set()
+        else:
+            run_in_background(lambda: self._target(run))
 
     def _target(self, run: Callable[[], SaveResult]) -> None:
         try:
             self._result = run()
         except BaseException as exc:  # noqa: BLE001 - raised again on wait()
             self._error = exc
+        finally:
+            self._finished.set()
 
     def done(self) -> bool:
-        return self._thread is None or not self._thread.is_alive()
+        return self._finished.is_set()
 
     def wait(self, timeout: float | None = None) -> SaveResult:
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self._thread.is_alive():
-                raise CheckpointTimeoutError(f"save still running after {timeout}s")
+        if not self._finished.wait(timeout):
+            raise CheckpointTimeoutError(f"save still running after {timeout}s")
         self.observed = True
         if self._error is not None:
             raise self._error

@@ -111,16 +111,20 @@ class RankWriter:
                 for i, h in enumerate(hash_queues)
             ),
         ]
+        if self._held is None:
+            self._open_files()
+            self._start()
+
+    def _open_files(self) -> None:
+        """Open every file and write its header; an async save does it in the background."""
         try:
-            for f in plan.files:
-                writer = storage.open_writer(f.path, f.size)
+            for f in self._files:
+                writer = self.storage.open_writer(f.path, f.size)
                 self._writers[f.path] = writer
                 writer.write_at(memoryview(f.header), 0)
         except BaseException:
             self.abort()
             raise
-        if self._held is None:
-            self._start()
 
     def submit(
         self, placed: PlacedItem, offset_in_chunk: int, staged: StagedBytes, last: bool
@@ -150,6 +154,13 @@ class RankWriter:
         if self._held is None:
             return
         held, self._held = self._held, None
+        try:
+            self._open_files()  # here, not at construction: off the training thread
+        except BaseException:
+            for job in held:  # never written: give their buffers back
+                if job.staged.release:
+                    job.staged.release()
+            raise
         for job in held:
             self._queues[self._owner[job.file]].put(job)
         self._start()  # only now: no writer thread competes with staging for a core
