@@ -1,4 +1,9 @@
-"""Chainer as a Stateful: link and optimizer through chainer's own serializers, numpy's RNG."""
+"""Chainer as a Stateful: link and optimizer through chainer's own serializers, numpy's RNG.
+
+Under ChainerMN the parameters and optimizer state are replicas (written once, a share per
+rank). A link's persistent values (BatchNorm statistics) are updated by each rank on its own
+and never all-reduced: rank 0's copy is written. numpy's generator is per rank (``ss.RankLocal``).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from snapstate.integrations._check import mismatches, raise_if_any
+from snapstate.state.stateful import RankLocal
 
 
 def _serialize(obj: Any) -> dict[str, Any]:
@@ -52,12 +58,23 @@ class ChainerState:
         self.optimizer = optimizer
         self.rng = rng
 
+    def divergent_replica_keys(self) -> list[tuple[str, str]]:
+        """Persistent values of every link: each rank updates its own (see the module doc)."""
+        saved = _serialize(self.link)
+        keys = []
+        for name, link in self.link.namedlinks():
+            for persistent in sorted(link._persistent):
+                key = f"{name}/{persistent}".strip("/").replace("/", ".")
+                if key in saved:
+                    keys.append(("model", key))
+        return keys
+
     def state_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": _serialize(self.link)}
         if self.optimizer is not None:
             out["optimizer"] = _serialize(self.optimizer)
         if self.rng:
-            out["rng"] = _numpy_rng()
+            out["rng"] = RankLocal(_numpy_rng())
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -70,8 +87,9 @@ class ChainerState:
         _deserialize(self.link, state_dict["model"])
         if self.optimizer is not None:
             _deserialize(self.optimizer, state_dict["optimizer"])
-        if self.rng and "rng" in state_dict:
-            _set_numpy_rng(state_dict["rng"])
+        rng = state_dict.get("rng")
+        if self.rng and rng is not None:
+            _set_numpy_rng(rng.value if isinstance(rng, RankLocal) else rng)
 
 
 def stateful(link: Any, optimizer: Any = None, rng: bool = True) -> ChainerState:

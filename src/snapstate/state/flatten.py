@@ -93,8 +93,8 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
         }
         return {"rl": path}
     if is_stateful(obj):
-        if isinstance(obj, torch.nn.Module) and not rank_local:
-            flat.rank0_keys.update(join_key(path, name) for name, _ in obj.named_buffers())
+        if not rank_local:
+            flat.rank0_keys.update(_rank0_keys(obj, path))
         return {"s": _visit(state_of(obj, path), path, flat, rank_local)}
     if isinstance(obj, dict):
         return {
@@ -114,6 +114,26 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
         f"cannot checkpoint the value at key {path or '<root>'!r}: {type_path(obj)} is not a tensor, "
         "numpy array, JSON value, container or Stateful object (snapstate never pickles)"
     )
+
+
+def _rank0_keys(obj: Any, path: str) -> list[str]:
+    """Keys each replica updates on its own, whose rank-0 copy is the one to keep.
+
+    PyTorch modules: their buffers (DDP broadcasts rank 0's). Any other Stateful names its
+    own with ``divergent_replica_keys()``: key paths (tuples) into its ``state_dict``.
+    """
+    if isinstance(obj, torch.nn.Module):
+        return [join_key(path, name) for name, _ in obj.named_buffers()]
+    divergent = getattr(obj, "divergent_replica_keys", None)
+    if not callable(divergent):
+        return []
+    keys = []
+    for parts in divergent():
+        key = path
+        for part in parts:
+            key = join_key(key, part)
+        keys.append(key)
+    return keys
 
 
 def _tensor_leaf(t: torch.Tensor, path: str, flat: FlatState, rank_local: bool, kind: str) -> Node:

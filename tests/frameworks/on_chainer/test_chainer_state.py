@@ -58,7 +58,8 @@ def _bits(state: Any) -> dict[str, bytes]:
         for p in ("model", "optimizer")
         for k, v in sd[p].items()
     }
-    out["rng"] = np.asarray(sd["rng"]["keys"]).tobytes() + bytes([sd["rng"]["pos"] % 256])
+    rng = getattr(sd["rng"], "value", sd["rng"])  # the generator is RankLocal
+    out["rng"] = np.asarray(rng["keys"]).tobytes() + bytes([rng["pos"] % 256])
     return out
 
 

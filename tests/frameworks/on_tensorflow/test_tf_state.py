@@ -48,7 +48,7 @@ def _bits(state: Any) -> dict[str, bytes]:
     return {
         f"{part}/{k}": np.ascontiguousarray(v).tobytes()
         for part, arrays in state.state_dict().items()
-        for k, v in arrays.items()
+        for k, v in getattr(arrays, "value", arrays).items()  # the generator is RankLocal
     }
 
 
