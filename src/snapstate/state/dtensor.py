@@ -9,6 +9,7 @@ ranks that hold the same box are replicas of it. ``Partial`` values are not the 
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import torch
@@ -30,6 +31,10 @@ def _dtensor_class() -> type | None:
 
 
 def is_dtensor(t: Any) -> bool:
+    # Until someone imports torch.distributed.tensor no DTensor can exist: importing it here
+    # would cost the first save ~2 s (TensorFlow and Chainer runs never import it otherwise).
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
     cls = _dtensor_class()
     return cls is not None and isinstance(t, cls)
 
