@@ -51,6 +51,27 @@ def synthetic_cifar(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
+def normalized_images(
+    samples: int, data_dir: str | None, seed: int, channels_last: bool = False
+) -> tuple[np.ndarray, np.ndarray]:
+    """Float32 images normalized as the PyTorch side does (NCHW, or NHWC for Keras), labels."""
+    images, labels = read_cifar10(data_dir) if data_dir else synthetic_cifar(samples, seed)
+    images, labels = images[:samples], labels[:samples]
+    x = (images.astype(np.float32) / 255.0 - 0.5) / 0.25
+    return np.ascontiguousarray(x.transpose(0, 2, 3, 1) if channels_last else x), labels
+
+
+def shard_order(n: int, seed: int, epoch: int, batch: int, rank: int, world: int) -> np.ndarray:
+    """This rank's sample indices for ``epoch``: a shuffle fixed by (seed, epoch), then a stride.
+
+    Stateless, so a trainer's data position is just (epoch, batches taken): TensorFlow and
+    Chainer trainers resume their data exactly from those two numbers.
+    """
+    order = np.random.default_rng((seed, epoch)).permutation(n)
+    usable = (n // (batch * world)) * batch * world
+    return order[:usable][rank::world]
+
+
 def synthetic_tokens(n: int, block: int, vocab: int, seed: int = 0) -> np.ndarray:
     """Token sequences from a fixed random bigram table, so there is something to learn."""
     rng = np.random.default_rng(seed)
