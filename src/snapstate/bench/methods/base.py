@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import threading
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass
@@ -159,3 +160,32 @@ def fsync_tree(path: Path) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def finish_when_done(handle: Any, pending: Pending) -> None:
+    """Record when a snapstate handle completes (wait() only waits, no collective runs here)."""
+    try:
+        pending.extra.update(result_timings(handle.wait()))
+    except BaseException as e:  # recorded and re-raised by Pending.wait on the training thread
+        pending.finish(e)
+        return
+    pending.finish()
+
+
+def result_timings(result: Any) -> dict[str, Any]:
+    """The phases snapstate timed itself (blocking, persist, commit), kept next to ours."""
+    out = {
+        k: getattr(result, k)
+        for k in ("blocking_s", "persist_s", "commit_s", "total_s")
+        if hasattr(result, k)
+    }
+    timings = getattr(result, "timings", None)
+    if isinstance(timings, dict):
+        out.update({k: v for k, v in timings.items() if isinstance(v, int | float)})
+    return out
+
+
+def snapstate_owner(relpath: str) -> int:
+    """The rank that wrote a snapstate file: shards are r<rank>-<n>.safetensors, the rest rank 0."""
+    m = re.search(r"(?:^|/)r(\d+)[-.]", relpath)
+    return int(m.group(1)) if m else 0

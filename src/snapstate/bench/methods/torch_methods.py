@@ -11,7 +11,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from snapstate.bench.methods.base import Method, MethodInfo, Pending, register
+from snapstate.bench.methods.base import (
+    Method,
+    MethodInfo,
+    Pending,
+    finish_when_done,
+    register,
+    result_timings,
+    snapstate_owner,
+)
 from snapstate.bench.train import Trainer
 
 TORCH_RECIPE = ("model", "optimizer", "scheduler", "step", "epoch")
@@ -240,9 +248,7 @@ class _SnapstateBase(Method):
         trainer.restart_data()
 
     def owner(self, relpath: str) -> int:
-        # Shards are named r<rank>-<n>.safetensors; the manifest is written by the coordinator.
-        m = re.search(r"(?:^|/)r(\d+)[-.]", relpath)
-        return int(m.group(1)) if m else 0
+        return snapstate_owner(relpath)
 
 
 SNAPSTATE_SAVES = (
@@ -276,7 +282,7 @@ class Snapstate(_SnapstateBase):
 
         trainer.sync_buffers()  # snapstate checks that replicas agree; DDP buffers do only after sync
         result = ss.save(self.state(trainer), str(path))
-        pending.extra.update(_result_timings(result))
+        pending.extra.update(result_timings(result))
         pending.finish()
 
 
@@ -297,27 +303,4 @@ class SnapstateAsync(_SnapstateBase):
 
         trainer.sync_buffers()
         handle = ss.async_save(self.state(trainer), str(path))
-        threading.Thread(target=_finish_when_done, args=(handle, pending), daemon=True).start()
-
-
-def _finish_when_done(handle: Any, pending: Pending) -> None:
-    """Record when a snapstate handle completes (wait() only waits, no collective runs here)."""
-    try:
-        pending.extra.update(_result_timings(handle.wait()))
-    except BaseException as e:  # recorded and re-raised by Pending.wait on the training thread
-        pending.finish(e)
-        return
-    pending.finish()
-
-
-def _result_timings(result: Any) -> dict[str, Any]:
-    """The phases snapstate timed itself (blocking, persist, commit), kept next to ours."""
-    out = {
-        k: getattr(result, k)
-        for k in ("blocking_s", "persist_s", "commit_s", "total_s")
-        if hasattr(result, k)
-    }
-    timings = getattr(result, "timings", None)
-    if isinstance(timings, dict):
-        out.update({k: v for k, v in timings.items() if isinstance(v, int | float)})
-    return out
+        threading.Thread(target=finish_when_done, args=(handle, pending), daemon=True).start()

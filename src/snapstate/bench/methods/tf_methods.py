@@ -1,0 +1,276 @@
+"""TensorFlow's methods: tf.train.Checkpoint with CheckpointManager, Keras ModelCheckpoint, snapstate.
+
+Multi-worker saves follow TensorFlow's documented pattern for ``MultiWorkerMirroredStrategy``:
+every worker calls save (the save may run collectives), the chief writes the real directory and
+the other workers write a temporary one that they delete afterwards.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from snapstate.bench.methods.base import (
+    Method,
+    MethodInfo,
+    Pending,
+    finish_when_done,
+    fsync_tree,
+    register,
+    result_timings,
+    snapstate_owner,
+)
+
+TF_RECIPE = ("model", "optimizer", "step", "epoch")
+TF_NOTE = (
+    "the documented recipe saves model, optimizer and step: after a restart the epoch's "
+    "batches are taken again from its start and tf.random's global generator (augmentation) "
+    "starts from its seed, not from where it was"
+)
+KERAS_NOTE = (
+    "ModelCheckpoint saves the model and its optimizer; step and epoch come back only through "
+    "the file name; the data order restarts its epoch and the RNG stream its seed"
+)
+
+
+@contextmanager
+def write_dir(rank: int, path: Path) -> Iterator[Path]:
+    """Where this worker writes: the chief the real path, the others a temporary sibling."""
+    if rank == 0:
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+        fsync_tree(path)  # timed to durable, like every method
+        return
+    temp = path.parent / f".{path.name}.workertemp_{rank}"
+    temp.mkdir(parents=True, exist_ok=True)
+    try:
+        yield temp
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+class _TFCheckpointBase(Method):
+    """tf.train.Checkpoint over the model, optimizer, step and epoch, as TF's guide writes it."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__(rank, world)
+        self._ckpt: Any = None
+        self._counters: tuple[Any, Any] | None = None
+
+    def checkpoint(self, trainer: Any) -> Any:
+        import tensorflow as tf
+
+        if self._ckpt is None:
+            step = tf.Variable(0, dtype=tf.int64, trainable=False)
+            epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
+            self._counters = (step, epoch)
+            self._ckpt = tf.train.Checkpoint(
+                model=trainer.model, optimizer=trainer.optimizer, step=step, epoch=epoch
+            )
+        assert self._counters is not None
+        self._counters[0].assign(trainer.step)
+        self._counters[1].assign(trainer.epoch)
+        return self._ckpt
+
+    def load(self, trainer: Any, path: Path) -> None:
+        import tensorflow as tf
+
+        ckpt = self.checkpoint(trainer)
+        latest = tf.train.latest_checkpoint(str(path))
+        if latest is None:
+            raise FileNotFoundError(f"{path}: no TensorFlow checkpoint (no 'checkpoint' file)")
+        ckpt.restore(latest).assert_existing_objects_matched()
+        assert self._counters is not None
+        trainer.step, trainer.epoch = int(self._counters[0]), int(self._counters[1])
+        trainer.restart_data()
+
+    def owner(self, relpath: str) -> int:
+        return 0  # the chief writes every file; the other workers' copies are deleted
+
+
+@register
+class TFCheckpoint(_TFCheckpointBase):
+    info = MethodInfo(
+        "tf-checkpoint",
+        "tensorflow",
+        "TF checkpoint (.index + .data-* shards, protobuf)",
+        TF_RECIPE,
+        False,
+        "the chief writes; the other workers write a temporary copy and delete it",
+        TF_NOTE,
+    )
+
+    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
+        import tensorflow as tf
+
+        ckpt = self.checkpoint(trainer)
+        with write_dir(self.rank, path) as where:
+            tf.train.CheckpointManager(ckpt, str(where), max_to_keep=1).save(trainer.step)
+        pending.finish()
+
+
+@register
+class TFCheckpointAsync(_TFCheckpointBase):
+    """TF's own asynchronous checkpoint (``experimental_enable_async_checkpoint``)."""
+
+    info = MethodInfo(
+        "tf-checkpoint-async",
+        "tensorflow",
+        "TF checkpoint (.index + .data-* shards, protobuf)",
+        TF_RECIPE,
+        True,
+        "the chief writes; the other workers write a temporary copy and delete it",
+        TF_NOTE,
+    )
+
+    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
+        import tensorflow as tf
+
+        ckpt = self.checkpoint(trainer)
+        options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
+        where = path if self.rank == 0 else path.parent / f".{path.name}.workertemp_{self.rank}"
+        where.mkdir(parents=True, exist_ok=True)
+        manager = tf.train.CheckpointManager(ckpt, str(where), max_to_keep=1)
+        manager.save(trainer.step, options=options)
+        threading.Thread(
+            target=self._finish, args=(ckpt, where, pending), daemon=True, name="tf-async-wait"
+        ).start()
+
+    def _finish(self, ckpt: Any, where: Path, pending: Pending) -> None:
+        try:
+            ckpt.sync()  # returns once TF's background writer has written this save
+            if self.rank == 0:
+                fsync_tree(where)
+            else:
+                shutil.rmtree(where, ignore_errors=True)
+        except BaseException as e:  # re-raised on the training thread by Pending.wait
+            pending.finish(e)
+            return
+        pending.finish()
+
+
+KERAS_FILE = "model-e{epoch:03d}-b{batch:05d}.keras"
+KERAS_NAME = re.compile(r"model-e(\d+)-b(\d+)\.keras$")
+
+
+@register
+class KerasModelCheckpoint(Method):
+    """``keras.callbacks.ModelCheckpoint(save_freq=N)``: a .keras file of the model + optimizer.
+
+    The harness drives the callback as ``model.fit`` would: ``on_epoch_begin`` and
+    ``on_train_batch_end`` at the step where it saves.
+    """
+
+    info = MethodInfo(
+        "keras-modelcheckpoint",
+        "tensorflow",
+        "Keras .keras (zip of config JSON + HDF5 weights)",
+        ("model", "optimizer", "epoch and batch (in the file name)"),
+        False,
+        "the chief writes; the other workers write a temporary copy and delete it",
+        KERAS_NOTE,
+    )
+
+    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
+        from tensorflow import keras
+
+        if getattr(trainer.model, "optimizer", None) is not trainer.optimizer:
+            # fit() users compile first; that attaches the optimizer, which .keras then holds.
+            trainer.model.compile(optimizer=trainer.optimizer)
+        with write_dir(self.rank, path) as where:
+            callback = keras.callbacks.ModelCheckpoint(str(where / KERAS_FILE), save_freq=1)
+            callback.set_model(trainer.model)
+            callback.on_epoch_begin(trainer.epoch)
+            # Keras names the file with epoch + 1 and batch + 1, as fit counts them.
+            callback.on_train_batch_end(trainer.position - 1, logs={})
+        pending.finish()
+
+    def load(self, trainer: Any, path: Path) -> None:
+        files = sorted(path.glob("model-e*-b*.keras"))
+        if not files:
+            raise FileNotFoundError(f"{path}: no Keras model-e*-b*.keras file")
+        match = KERAS_NAME.search(files[-1].name)
+        assert match is not None
+        if getattr(trainer.model, "optimizer", None) is not trainer.optimizer:
+            trainer.model.compile(optimizer=trainer.optimizer)
+        trainer.model.load_weights(str(files[-1]))
+        trainer.epoch, batch = int(match.group(1)) - 1, int(match.group(2))
+        trainer.step = trainer.epoch * trainer.batches_per_epoch + batch
+        trainer.restart_data()
+
+
+class _SnapstateTFBase(Method):
+    """snapstate over the Keras model, optimizer, tf.random generator and data position."""
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__(rank, world)
+        self._state: dict[str, Any] | None = None
+
+    def state(self, trainer: Any) -> dict[str, Any]:
+        from snapstate.integrations.tensorflow import stateful
+
+        if self._state is None:
+            self._state = {"train": stateful(trainer.model, trainer.optimizer)}
+        self._state.update(step=trainer.step, epoch=trainer.epoch, position=trainer.position)
+        return self._state
+
+    def load(self, trainer: Any, path: Path) -> None:
+        import snapstate as ss
+
+        state = self.state(trainer)
+        ss.load(state, str(path))
+        trainer.step, trainer.epoch = int(state["step"]), int(state["epoch"])
+        trainer.position = int(state["position"])
+
+    def owner(self, relpath: str) -> int:
+        return snapstate_owner(relpath)
+
+
+SNAPSTATE_TF_SAVES = ("model", "optimizer", "tf.random generator (per worker)", "data position")
+SNAPSTATE_TF_NOTE = (
+    "saves tf.random's generator per worker and the data position, so the resumed run takes "
+    "the same path"
+)
+
+
+@register
+class SnapstateTF(_SnapstateTFBase):
+    info = MethodInfo(
+        "snapstate-tf",
+        "tensorflow",
+        "snapstate/2 (JSON manifest + safetensors shards)",
+        (*SNAPSTATE_TF_SAVES, "step", "epoch"),
+        False,
+        "every worker writes a byte-balanced share, replicated data once",
+        SNAPSTATE_TF_NOTE,
+    )
+
+    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
+        import snapstate as ss
+
+        pending.extra.update(result_timings(ss.save(self.state(trainer), str(path))))
+        pending.finish()
+
+
+@register
+class SnapstateTFAsync(_SnapstateTFBase):
+    info = MethodInfo(
+        "snapstate-tf-async",
+        "tensorflow",
+        "snapstate/2 (JSON manifest + safetensors shards)",
+        (*SNAPSTATE_TF_SAVES, "step", "epoch"),
+        True,
+        "every worker writes a byte-balanced share, replicated data once",
+        SNAPSTATE_TF_NOTE,
+    )
+
+    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
+        import snapstate as ss
+
+        handle = ss.async_save(self.state(trainer), str(path))
+        threading.Thread(target=finish_when_done, args=(handle, pending), daemon=True).start()
