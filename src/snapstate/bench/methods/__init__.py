@@ -5,7 +5,7 @@ inside methods, so the registry (names, MethodInfo) is readable from any environ
 method runs in its framework's environment (``snapstate.bench.frameworks``).
 """
 
-from snapstate.bench.methods import torch_methods
+from snapstate.bench.methods import chainer_methods, tf_methods, torch_methods
 from snapstate.bench.methods.base import (
     METHODS,
     BenchTrainer,
@@ -23,8 +23,10 @@ __all__ = [
     "Method",
     "MethodInfo",
     "Pending",
+    "chainer_methods",
     "get_method",
     "method_names",
     "register",
+    "tf_methods",
     "torch_methods",
 ]
