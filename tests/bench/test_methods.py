@@ -19,7 +19,11 @@ def small_trainer() -> Trainer:
     return Trainer(TrainConfig(model="resnet18:w=0.0625", batch=4, samples=64), rank=0, world=1)
 
 
-@pytest.mark.parametrize("name", list(METHODS))
+TORCH_METHODS = [n for n, cls in METHODS.items() if cls.info.framework == "torch"]
+
+
+# TensorFlow's and Chainer's methods: tests/frameworks, in their environments.
+@pytest.mark.parametrize("name", TORCH_METHODS)
 def test_load_restores_what_save_saw(tmp_path: Path, name: str) -> None:
     reason = get_method(name).unavailable(1)
     if reason:

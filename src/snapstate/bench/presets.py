@@ -6,6 +6,20 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 ALL_METHODS = ("torch-rank0", "torch-allranks", "dcp", "dcp-async", "snapstate", "snapstate-async")
+TF_METHODS = (
+    "tf-checkpoint",
+    "tf-checkpoint-async",
+    "keras-modelcheckpoint",
+    "snapstate-tf",
+    "snapstate-tf-async",
+)
+CHAINER_METHODS = (
+    "chainer-snapshot",
+    "chainermn-checkpointer",
+    "snapstate-chainer",
+    "snapstate-chainer-async",
+)
+FRAMEWORK_METHODS = ALL_METHODS + TF_METHODS + CHAINER_METHODS
 
 
 @dataclass(frozen=True)
@@ -74,6 +88,24 @@ PRESETS: dict[str, BenchConfig] = {
         batch=8,
         determinism=DeterminismPlan(ALL_METHODS, "resnet18:w=0.5", ranks=2, steps=10, every=4),
         timeout_s=900.0,
+    ),
+    "frameworks": BenchConfig(
+        preset="frameworks",
+        # PyTorch, TensorFlow and Chainer on the same models and data (each framework in its
+        # own venv: make venv-tf venv-chainer). Small widths: Chainer trains on numpy.
+        models=("resnet18:w=0.25", "vgg16:w=0.125"),
+        ranks=(1, 2, 4),
+        methods=FRAMEWORK_METHODS,
+        steps=10,
+        every=3,
+        repeats=1,
+        warmup=2,
+        batch=8,
+        samples=512,
+        determinism=DeterminismPlan(
+            FRAMEWORK_METHODS, "resnet18:w=0.25", ranks=2, steps=8, every=4
+        ),
+        timeout_s=1200.0,
     ),
     "study": BenchConfig(
         preset="study",

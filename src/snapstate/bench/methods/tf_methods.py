@@ -62,13 +62,15 @@ class _TFCheckpointBase(Method):
         self._ckpt: Any = None
         self._counters: tuple[Any, Any] | None = None
 
-    def checkpoint(self, trainer: Any) -> Any:
+    def checkpoint(self, trainer: Any, fresh: bool = False) -> Any:
         import tensorflow as tf
 
-        if self._ckpt is None:
+        if self._counters is None:
             step = tf.Variable(0, dtype=tf.int64, trainable=False)
             epoch = tf.Variable(0, dtype=tf.int64, trainable=False)
             self._counters = (step, epoch)
+        if self._ckpt is None or fresh:
+            step, epoch = self._counters
             self._ckpt = tf.train.Checkpoint(
                 model=trainer.model, optimizer=trainer.optimizer, step=step, epoch=epoch
             )
@@ -116,7 +118,13 @@ class TFCheckpoint(_TFCheckpointBase):
 
 @register
 class TFCheckpointAsync(_TFCheckpointBase):
-    """TF's own asynchronous checkpoint (``experimental_enable_async_checkpoint``)."""
+    """TF's own asynchronous checkpoint (``experimental_enable_async_checkpoint``).
+
+    With Keras 3 models (TF 2.21) a second async save through the same ``tf.train.Checkpoint``
+    fails ("tf.function only supports singleton tf.Variables"): TF's helper retraces its
+    device-to-host copy, which creates the host variables again. A new Checkpoint per save
+    (new host buffers each time) is the workaround, and what is measured here.
+    """
 
     info = MethodInfo(
         "tf-checkpoint-async",
@@ -131,7 +139,7 @@ class TFCheckpointAsync(_TFCheckpointBase):
     def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
         import tensorflow as tf
 
-        ckpt = self.checkpoint(trainer)
+        ckpt = self.checkpoint(trainer, fresh=True)
         options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
         where = path if self.rank == 0 else path.parent / f".{path.name}.workertemp_{self.rank}"
         where.mkdir(parents=True, exist_ok=True)
