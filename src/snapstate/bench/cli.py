@@ -188,22 +188,35 @@ def bench(
 
 
 @bench.command("report")
-@click.argument("results", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.argument(
+    "results", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
 @click.option(
     "--out",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory for report.md and plots (default: next to RESULTS).",
+    help="Directory for report.md and plots (default: next to RESULTS; for several, merged/ "
+    "next to the first, so no input is overwritten).",
 )
-def report_cmd(results: Path, out: Path | None) -> None:
-    """Re-render report.md and the plots from a saved results.json."""
+def report_cmd(results: tuple[Path, ...], out: Path | None) -> None:
+    """Re-render report.md and the plots from saved results.json files.
+
+    Several files are merged into one report, later ones winning for the same method, model
+    and ranks: rerun one framework's part of a sweep and report it with the rest.
+    """
     from snapstate.bench.report import render_report
-    from snapstate.bench.results import read_results
+    from snapstate.bench.results import merge_results, read_results, write_results
 
     try:
-        doc = read_results(results)
+        docs = [read_results(r) for r in results]
     except ValueError as e:
         raise click.ClickException(str(e)) from e
-    path = render_report(doc, out or results.parent)
+    where = out or results[0].parent / ("merged" if len(docs) > 1 else "")
+    doc = docs[0]
+    if len(docs) > 1:
+        doc = merge_results(docs)
+        where.mkdir(parents=True, exist_ok=True)
+        write_results(doc, where / "results.json")
+    path = render_report(doc, where)
     click.echo(f"report: {path}")
 
 

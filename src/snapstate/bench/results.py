@@ -9,6 +9,7 @@ seconds, sizes bytes. docs/bench.md describes every field.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -265,3 +266,54 @@ def read_results(path: Path) -> dict[str, Any]:
     if problems:
         raise ValueError(f"{path} does not follow {SCHEMA}:\n  " + "\n  ".join(problems[:20]))
     return doc
+
+
+def _run_key(framework: str, model: str, ranks: int) -> tuple[str, str, int]:
+    return framework, model, ranks
+
+
+def _error_key(error: dict[str, Any]) -> tuple[str, str, int] | None:
+    """(framework, model, ranks) of a failed run from its tag ``<fw>-<model>-n<ranks>-r<k>``."""
+    m = re.match(r"^(\w+)-(.+)-n(\d+)-r\d+$", error.get("run", ""))
+    return (m.group(1), m.group(2), int(m.group(3))) if m else None
+
+
+def merge_results(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One document from several sweeps (e.g. one framework rerun apart): later ones win.
+
+    A later document's records replace the earlier records of the same method, model and
+    world size; its determinism checks replace those of the same method; an earlier run's
+    error is dropped once a later document holds records of that framework, model and size.
+    """
+    if not docs:
+        raise ValueError("nothing to merge")
+    out = json.loads(json.dumps(docs[0]))
+    for doc in docs[1:]:
+        new = {(r["method"], r["model"], r["ranks"]) for r in doc["records"]}
+        out["records"] = [
+            r for r in out["records"] if (r["method"], r["model"], r["ranks"]) not in new
+        ] + doc["records"]
+        checked = {c["method"] for c in doc["determinism"]}
+        out["determinism"] = [c for c in out["determinism"] if c["method"] not in checked]
+        out["determinism"] += doc["determinism"]
+        out["methods"].update(doc["methods"])
+        out["skipped"] = [s for s in out["skipped"] if s["method"] not in doc["methods"]]
+        out["skipped"] += doc["skipped"]
+        out["errors"] += doc["errors"]
+        cfg = out["config"]
+        cfg["methods"] = list(dict.fromkeys([*cfg["methods"], *doc["config"]["methods"]]))
+        cfg["models"] = list(dict.fromkeys([*cfg["models"], *doc["config"]["models"]]))
+        cfg["ranks"] = sorted({*cfg["ranks"], *doc["config"]["ranks"]})
+    measured = {
+        _run_key(r.get("framework", "torch"), _safe_name(r["model"]), r["ranks"])
+        for r in out["records"]
+    }
+    out["errors"] = [e for e in out["errors"] if _error_key(e) not in measured]
+    out["merged_from"] = [d.get("created", "") for d in docs]
+    apply_determinism(out["records"], out["determinism"])
+    return out
+
+
+def _safe_name(model: str) -> str:
+    # the runner's spelling of a model name in run tags (resnet18:w=0.25 -> resnet18_w_0.25)
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
