@@ -15,7 +15,7 @@ from snapstate.integrations._check import mismatches, raise_if_any
 from snapstate.state.stateful import RankLocal
 
 
-def _serialize(obj: Any) -> dict[str, Any]:
+def _serialize(obj: Any, copy: bool = True) -> dict[str, Any]:
     from chainer.serializers.npz import DictionarySerializer
 
     ser = DictionarySerializer()
@@ -23,7 +23,7 @@ def _serialize(obj: Any) -> dict[str, Any]:
     # None entries (e.g. an uninitialized parameter) are object arrays: nothing to keep.
     # "/" would be escaped in checkpoint keys ("fc1%2FW"): dots read better in errors.
     return {
-        k.strip("/").replace("/", "."): np.array(v, copy=True)
+        k.strip("/").replace("/", "."): np.array(v, copy=True) if copy else np.asarray(v)
         for k, v in ser.target.items()
         if v.dtype != object
     }
@@ -60,7 +60,7 @@ class ChainerState:
 
     def divergent_replica_keys(self) -> list[tuple[str, str]]:
         """Persistent values of every link: each rank updates its own (see the module doc)."""
-        saved = _serialize(self.link)
+        saved = _serialize(self.link, copy=False)
         keys = []
         for name, link in self.link.namedlinks():
             for persistent in sorted(link._persistent):
@@ -78,11 +78,12 @@ class ChainerState:
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        found = mismatches("model", _serialize(self.link), state_dict.get("model", {}))
+        # Views, not copies: only names, shapes and dtypes are compared.
+        found = mismatches("model", _serialize(self.link, False), state_dict.get("model", {}))
         if self.optimizer is not None:
             # Optimizer slots appear at the first update: a fresh optimizer lacks them.
             got = state_dict.get("optimizer", {})
-            found += mismatches("optimizer", _serialize(self.optimizer), got, extra_ok=True)
+            found += mismatches("optimizer", _serialize(self.optimizer, False), got, extra_ok=True)
         raise_if_any("Chainer state", found)
         _deserialize(self.link, state_dict["model"])
         if self.optimizer is not None:
