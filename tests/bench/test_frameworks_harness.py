@@ -60,3 +60,29 @@ def test_bytes_vs_ranks_needs_two_world_sizes() -> None:
     doc = document(("snapstate-async",))
     doc["records"] = [r for r in doc["records"] if r["ranks"] == 2]
     assert bytes_vs_ranks(doc) == ""
+
+
+def test_ports_for_one_launch_are_distinct() -> None:
+    ports = launch.free_ports(16)
+    assert len(set(ports)) == 16
+
+
+def test_a_tf_port_race_is_retried_and_other_failures_are_not() -> None:
+    calls: list[int] = []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) < 2:
+            raise launch.WorkerError(f"rank 1 failed: UnknownError: {launch.PORT_RACE}")
+
+    launch.retry_port_race(flaky)
+    assert len(calls) == 2
+
+    def broken() -> None:
+        calls.append(1)
+        raise launch.WorkerError("rank 0 failed: ValueError")
+
+    calls.clear()
+    with pytest.raises(launch.WorkerError, match="ValueError"):
+        launch.retry_port_race(broken)
+    assert len(calls) == 1

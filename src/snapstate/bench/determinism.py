@@ -178,11 +178,15 @@ def _run_and_kill(job: TrainJob, world: int, timeout_s: float) -> None:
     """Start the ranks; SIGKILL every one of them as soon as the checkpoint is durable."""
     path = _write_job(job)
     marker = path.parent / MARKER
-    group = launch.start(path, world, path.parent / "logs", job.framework)
-    try:
-        launch.wait(group, timeout_s, until=marker.exists)
-    finally:
-        group.kill()
+
+    def start_and_kill() -> None:
+        group = launch.start(path, world, path.parent / "logs", job.framework)
+        try:
+            launch.wait(group, timeout_s, until=marker.exists)
+        finally:
+            group.kill()
+
+    launch.retry_port_race(start_and_kill)
     if not marker.exists():
         raise launch.WorkerError(
             f"{job.method}: ranks ended before the checkpoint at step {job.kill_after}"

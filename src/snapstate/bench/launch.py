@@ -24,9 +24,20 @@ class WorkerError(RuntimeError):
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """``n`` distinct free ports: every socket stays bound until all are picked, so the OS
+    cannot hand out one port twice (a TF worker would then fail to start its gRPC server)."""
+    sockets = [socket.socket(socket.AF_INET, socket.SOCK_STREAM) for _ in range(n)]
+    try:
+        for s in sockets:
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
 
 
 def distributed_env() -> tuple[int, int] | None:
@@ -105,8 +116,7 @@ def start(job_file: Path, world: int, log_dir: Path, framework: str = "torch") -
     cmd = [python, "-m", WORKER_MODULE, str(job_file)]
     if get_framework(framework).launcher == "mpirun":
         return _start_mpirun(cmd, world, log_dir)
-    port = free_port()
-    tf_ports = [free_port() for _ in range(world)] if framework == "tensorflow" else []
+    port, *tf_ports = free_ports(1 + (world if framework == "tensorflow" else 0))
     procs, logs = [], []
     for rank in range(world):
         env = _rank_env(rank, world, port)
@@ -163,4 +173,19 @@ def run(
     job_file: Path, world: int, log_dir: Path, timeout_s: float, framework: str = "torch"
 ) -> None:
     """Start the ranks and wait for all of them to succeed."""
-    wait(start(job_file, world, log_dir, framework), timeout_s)
+    retry_port_race(lambda: wait(start(job_file, world, log_dir, framework), timeout_s))
+
+
+# A port picked free can still be taken (by another connection) before a TF worker binds it;
+# the worker then dies at start, before training, so starting again with new ports is safe.
+PORT_RACE = "Could not start gRPC server"
+
+
+def retry_port_race(launch: Callable[[], None], attempts: int = 3) -> None:
+    for attempt in range(1, attempts + 1):
+        try:
+            launch()
+            return
+        except WorkerError as e:
+            if PORT_RACE not in str(e) or attempt == attempts:
+                raise
