@@ -162,6 +162,58 @@ def fsync_tree(path: Path) -> None:
             os.close(fd)
 
 
+def start_snapstate_save(
+    state: dict[str, Any], path: Path, pending: Pending, asynchronous: bool
+) -> None:
+    """``ss.save`` (finished here) or ``ss.async_save`` (finished by a watcher thread)."""
+    import snapstate as ss
+
+    if not asynchronous:
+        pending.extra.update(result_timings(ss.save(state, str(path))))
+        pending.finish()
+        return
+    handle = ss.async_save(state, str(path))
+    threading.Thread(target=finish_when_done, args=(handle, pending), daemon=True).start()
+
+
+class SnapstateAdapterMethod(Method):
+    """snapstate over an integration's ``stateful(model, optimizer)`` plus the data position.
+
+    For trainers with ``model``, ``optimizer``, ``step``, ``epoch`` and ``position``
+    (TensorFlow, Chainer); ``integration`` names the adapter module, imported only here.
+    """
+
+    integration: ClassVar[str]
+
+    def __init__(self, rank: int, world: int) -> None:
+        super().__init__(rank, world)
+        self._state: dict[str, Any] | None = None
+
+    def state(self, trainer: Any) -> dict[str, Any]:
+        """Built once, so its structure (and snapstate's plan) stays the same between saves."""
+        import importlib
+
+        if self._state is None:
+            stateful = importlib.import_module(self.integration).stateful
+            self._state = {"train": stateful(trainer.model, trainer.optimizer)}
+        self._state.update(step=trainer.step, epoch=trainer.epoch, position=trainer.position)
+        return self._state
+
+    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
+        start_snapstate_save(self.state(trainer), path, pending, self.info.asynchronous)
+
+    def load(self, trainer: Any, path: Path) -> None:
+        import snapstate as ss
+
+        state = self.state(trainer)
+        ss.load(state, str(path))
+        trainer.step, trainer.epoch = int(state["step"]), int(state["epoch"])
+        trainer.position = int(state["position"])
+
+    def owner(self, relpath: str) -> int:
+        return snapstate_owner(relpath)
+
+
 def finish_when_done(handle: Any, pending: Pending) -> None:
     """Record when a snapstate handle completes (wait() only waits, no collective runs here)."""
     try:

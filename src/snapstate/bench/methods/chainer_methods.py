@@ -7,7 +7,6 @@ whose updater holds the optimizer and the data iterator, as Chainer users train.
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +14,9 @@ from snapstate.bench.methods.base import (
     Method,
     MethodInfo,
     Pending,
-    finish_when_done,
+    SnapstateAdapterMethod,
     fsync_tree,
     register,
-    result_timings,
-    snapstate_owner,
 )
 
 CHAINER_SAVES = ("model", "optimizer", "iterator position", "iteration")
@@ -105,33 +102,6 @@ class ChainerMNCheckpointer(Method):
         return int(m.group(1)) if m else 0
 
 
-class _SnapstateChainerBase(Method):
-    """snapstate over the link, its optimizer, numpy's generator and the iterator position."""
-
-    def __init__(self, rank: int, world: int) -> None:
-        super().__init__(rank, world)
-        self._state: dict[str, Any] | None = None
-
-    def state(self, trainer: Any) -> dict[str, Any]:
-        from snapstate.integrations.chainer import stateful
-
-        if self._state is None:
-            self._state = {"train": stateful(trainer.model, trainer.optimizer)}
-        self._state.update(step=trainer.step, epoch=trainer.epoch, position=trainer.position)
-        return self._state
-
-    def load(self, trainer: Any, path: Path) -> None:
-        import snapstate as ss
-
-        state = self.state(trainer)
-        ss.load(state, str(path))
-        trainer.step, trainer.epoch = int(state["step"]), int(state["epoch"])
-        trainer.position = int(state["position"])
-
-    def owner(self, relpath: str) -> int:
-        return snapstate_owner(relpath)
-
-
 SNAPSTATE_CHAINER_SAVES = (
     "model",
     "optimizer",
@@ -146,7 +116,9 @@ SNAPSTATE_CHAINER_NOTE = (
 
 
 @register
-class SnapstateChainer(_SnapstateChainerBase):
+class SnapstateChainer(SnapstateAdapterMethod):
+    integration = "snapstate.integrations.chainer"
+
     info = MethodInfo(
         "snapstate-chainer",
         "chainer",
@@ -157,15 +129,11 @@ class SnapstateChainer(_SnapstateChainerBase):
         SNAPSTATE_CHAINER_NOTE,
     )
 
-    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
-        import snapstate as ss
-
-        pending.extra.update(result_timings(ss.save(self.state(trainer), str(path))))
-        pending.finish()
-
 
 @register
-class SnapstateChainerAsync(_SnapstateChainerBase):
+class SnapstateChainerAsync(SnapstateAdapterMethod):
+    integration = "snapstate.integrations.chainer"
+
     info = MethodInfo(
         "snapstate-chainer-async",
         "chainer",
@@ -175,9 +143,3 @@ class SnapstateChainerAsync(_SnapstateChainerBase):
         "every rank writes a byte-balanced share, replicated data once",
         SNAPSTATE_CHAINER_NOTE,
     )
-
-    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
-        import snapstate as ss
-
-        handle = ss.async_save(self.state(trainer), str(path))
-        threading.Thread(target=finish_when_done, args=(handle, pending), daemon=True).start()

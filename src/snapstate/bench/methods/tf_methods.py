@@ -19,11 +19,9 @@ from snapstate.bench.methods.base import (
     Method,
     MethodInfo,
     Pending,
-    finish_when_done,
+    SnapstateAdapterMethod,
     fsync_tree,
     register,
-    result_timings,
-    snapstate_owner,
 )
 
 TF_RECIPE = ("model", "optimizer", "step", "epoch")
@@ -38,6 +36,11 @@ KERAS_NOTE = (
 )
 
 
+def worker_temp_dir(rank: int, path: Path) -> Path:
+    """A non-chief worker's throw-away copy: beside the checkpoint, so on the same storage."""
+    return path.parent / f".{path.name}.workertemp_{rank}"
+
+
 @contextmanager
 def write_dir(rank: int, path: Path) -> Iterator[Path]:
     """Where this worker writes: the chief the real path, the others a temporary sibling."""
@@ -46,7 +49,7 @@ def write_dir(rank: int, path: Path) -> Iterator[Path]:
         yield path
         fsync_tree(path)  # timed to durable, like every method
         return
-    temp = path.parent / f".{path.name}.workertemp_{rank}"
+    temp = worker_temp_dir(rank, path)
     temp.mkdir(parents=True, exist_ok=True)
     try:
         yield temp
@@ -141,7 +144,7 @@ class TFCheckpointAsync(_TFCheckpointBase):
 
         ckpt = self.checkpoint(trainer, fresh=True)
         options = tf.train.CheckpointOptions(experimental_enable_async_checkpoint=True)
-        where = path if self.rank == 0 else path.parent / f".{path.name}.workertemp_{self.rank}"
+        where = path if self.rank == 0 else worker_temp_dir(self.rank, path)
         where.mkdir(parents=True, exist_ok=True)
         manager = tf.train.CheckpointManager(ckpt, str(where), max_to_keep=1)
         manager.save(trainer.step, options=options)
@@ -212,33 +215,6 @@ class KerasModelCheckpoint(Method):
         trainer.restart_data()
 
 
-class _SnapstateTFBase(Method):
-    """snapstate over the Keras model, optimizer, tf.random generator and data position."""
-
-    def __init__(self, rank: int, world: int) -> None:
-        super().__init__(rank, world)
-        self._state: dict[str, Any] | None = None
-
-    def state(self, trainer: Any) -> dict[str, Any]:
-        from snapstate.integrations.tensorflow import stateful
-
-        if self._state is None:
-            self._state = {"train": stateful(trainer.model, trainer.optimizer)}
-        self._state.update(step=trainer.step, epoch=trainer.epoch, position=trainer.position)
-        return self._state
-
-    def load(self, trainer: Any, path: Path) -> None:
-        import snapstate as ss
-
-        state = self.state(trainer)
-        ss.load(state, str(path))
-        trainer.step, trainer.epoch = int(state["step"]), int(state["epoch"])
-        trainer.position = int(state["position"])
-
-    def owner(self, relpath: str) -> int:
-        return snapstate_owner(relpath)
-
-
 SNAPSTATE_TF_SAVES = ("model", "optimizer", "tf.random generator (per worker)", "data position")
 SNAPSTATE_TF_NOTE = (
     "saves tf.random's generator per worker and the data position, so the resumed run takes "
@@ -247,7 +223,9 @@ SNAPSTATE_TF_NOTE = (
 
 
 @register
-class SnapstateTF(_SnapstateTFBase):
+class SnapstateTF(SnapstateAdapterMethod):
+    integration = "snapstate.integrations.tensorflow"
+
     info = MethodInfo(
         "snapstate-tf",
         "tensorflow",
@@ -258,15 +236,11 @@ class SnapstateTF(_SnapstateTFBase):
         SNAPSTATE_TF_NOTE,
     )
 
-    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
-        import snapstate as ss
-
-        pending.extra.update(result_timings(ss.save(self.state(trainer), str(path))))
-        pending.finish()
-
 
 @register
-class SnapstateTFAsync(_SnapstateTFBase):
+class SnapstateTFAsync(SnapstateAdapterMethod):
+    integration = "snapstate.integrations.tensorflow"
+
     info = MethodInfo(
         "snapstate-tf-async",
         "tensorflow",
@@ -276,9 +250,3 @@ class SnapstateTFAsync(_SnapstateTFBase):
         "every worker writes a byte-balanced share, replicated data once",
         SNAPSTATE_TF_NOTE,
     )
-
-    def _start(self, trainer: Any, path: Path, pending: Pending) -> None:
-        import snapstate as ss
-
-        handle = ss.async_save(self.state(trainer), str(path))
-        threading.Thread(target=finish_when_done, args=(handle, pending), daemon=True).start()

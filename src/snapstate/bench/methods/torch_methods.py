@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +14,9 @@ from snapstate.bench.methods.base import (
     Method,
     MethodInfo,
     Pending,
-    finish_when_done,
     register,
-    result_timings,
     snapstate_owner,
+    start_snapstate_save,
 )
 from snapstate.bench.train import Trainer
 
@@ -238,6 +236,10 @@ class _SnapstateBase(Method):
         self._state["step"], self._state["epoch"] = trainer.step, trainer.epoch
         return self._state
 
+    def _start(self, trainer: Trainer, path: Path, pending: Pending) -> None:
+        trainer.sync_buffers()  # snapstate checks that replicas agree; DDP buffers do only after sync
+        start_snapstate_save(self.state(trainer), path, pending, self.info.asynchronous)
+
     def load(self, trainer: Trainer, path: Path) -> None:
         import snapstate as ss
 
@@ -277,14 +279,6 @@ class Snapstate(_SnapstateBase):
         SNAPSTATE_NOTE,
     )
 
-    def _start(self, trainer: Trainer, path: Path, pending: Pending) -> None:
-        import snapstate as ss
-
-        trainer.sync_buffers()  # snapstate checks that replicas agree; DDP buffers do only after sync
-        result = ss.save(self.state(trainer), str(path))
-        pending.extra.update(result_timings(result))
-        pending.finish()
-
 
 @register
 class SnapstateAsync(_SnapstateBase):
@@ -297,10 +291,3 @@ class SnapstateAsync(_SnapstateBase):
         "every rank writes a byte-balanced share, replicated data once",
         SNAPSTATE_NOTE,
     )
-
-    def _start(self, trainer: Trainer, path: Path, pending: Pending) -> None:
-        import snapstate as ss
-
-        trainer.sync_buffers()
-        handle = ss.async_save(self.state(trainer), str(path))
-        threading.Thread(target=finish_when_done, args=(handle, pending), daemon=True).start()
