@@ -268,10 +268,6 @@ def read_results(path: Path) -> dict[str, Any]:
     return doc
 
 
-def _run_key(framework: str, model: str, ranks: int) -> tuple[str, str, int]:
-    return framework, model, ranks
-
-
 def _error_key(error: dict[str, Any]) -> tuple[str, str, int] | None:
     """(framework, model, ranks) of a failed run from its tag ``<fw>-<model>-n<ranks>-r<k>``."""
     m = re.match(r"^(\w+)-(.+)-n(\d+)-r\d+$", error.get("run", ""))
@@ -305,8 +301,7 @@ def merge_results(docs: list[dict[str, Any]]) -> dict[str, Any]:
         cfg["models"] = list(dict.fromkeys([*cfg["models"], *doc["config"]["models"]]))
         cfg["ranks"] = sorted({*cfg["ranks"], *doc["config"]["ranks"]})
     measured = {
-        _run_key(r.get("framework", "torch"), _safe_name(r["model"]), r["ranks"])
-        for r in out["records"]
+        (r.get("framework", "torch"), tag_name(r["model"]), r["ranks"]) for r in out["records"]
     }
     out["errors"] = [e for e in out["errors"] if _error_key(e) not in measured]
     out["merged_from"] = [d.get("created", "") for d in docs]
@@ -314,6 +309,6 @@ def merge_results(docs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _safe_name(model: str) -> str:
-    # the runner's spelling of a model name in run tags (resnet18:w=0.25 -> resnet18_w_0.25)
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in model)
+def tag_name(name: str) -> str:
+    """A model name as run tags and file names spell it (resnet18:w=0.25 -> resnet18_w_0.25)."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)

@@ -18,7 +18,13 @@ import torch
 from snapstate.bench import launch
 from snapstate.bench.methods import get_method
 from snapstate.bench.presets import BenchConfig
-from snapstate.bench.results import SCHEMA, apply_determinism, records_from_run, write_results
+from snapstate.bench.results import (
+    SCHEMA,
+    apply_determinism,
+    records_from_run,
+    tag_name,
+    write_results,
+)
 from snapstate.bench.train import TrainConfig
 from snapstate.bench.worker import MeasureJob
 
@@ -192,7 +198,7 @@ def _measure_into(
     framework: str = "torch",
 ) -> None:
     model, world, repeat = run
-    tag = f"{framework}-{_safe(model)}-n{world}-r{repeat}"
+    tag = f"{framework}-{tag_name(model)}-n{world}-r{repeat}"
     job = measure_job(cfg, methods, model, repeat, work, tag, framework)
     try:
         run_measurements([job], world, work, tag, cfg.timeout_s)
@@ -250,10 +256,6 @@ def finish(doc: dict[str, Any], out: Path) -> None:
     render_report(doc, out)
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-
-
 def run_inplace(cfg: BenchConfig, out: Path, rank: int, world: int) -> dict[str, Any] | None:
     """Under torchrun or srun: this process is one rank; run every model here, rank 0 reports."""
     from snapstate.bench.train import init_distributed, quiet_known_warnings, set_threads
@@ -272,7 +274,7 @@ def run_inplace(cfg: BenchConfig, out: Path, rank: int, world: int) -> dict[str,
     for repeat in range(cfg.repeats):
         for model in cfg.models:
             job = measure_job(
-                cfg, methods, model, repeat, work, f"{_safe(model)}-n{world}-r{repeat}"
+                cfg, methods, model, repeat, work, f"{tag_name(model)}-n{world}-r{repeat}"
             )
             raw = measure_on_rank(job, rank, world)
             if raw is not None:
