@@ -20,6 +20,7 @@ import numpy as np
 
 from snapstate.bench.data import normalized_images, shard_order
 from snapstate.bench.models import VGG16_LAYOUT, ModelSpec, parse_model
+from snapstate.integrations.chainer import named_arrays
 
 # PyTorch's BatchNorm defaults (decay is 1 - PyTorch's momentum), so all sides train one layer.
 BN = {"decay": 0.9, "eps": 1e-5}
@@ -264,15 +265,8 @@ class ChainerTrainer:
         """After a restore that kept no data position: the epoch begins again."""
         self.iterator.position = 0
 
-    def _arrays(self, obj: Any) -> dict[str, np.ndarray]:
-        from chainer.serializers import DictionarySerializer
-
-        ser = DictionarySerializer()
-        ser.save(obj)
-        return {k: v for k, v in ser.target.items() if isinstance(v, np.ndarray) and v.size}
-
     def unique_state_bytes(self) -> int:
-        model = sum(a.nbytes for a in self._arrays(self.model).values())
+        model = sum(a.nbytes for a in named_arrays(self.model, copy=False).values())
         # Adam keeps two moments per parameter (created at the first update).
         params = sum(p.array.nbytes for p in self.model.params())
         return int(model + 2 * params)
@@ -281,4 +275,4 @@ class ChainerTrainer:
         return int(sum(p.array.size for p in self.model.params()))
 
     def final_params(self) -> dict[str, Any]:
-        return {k.strip("/"): np.array(v, copy=True) for k, v in self._arrays(self.model).items()}
+        return named_arrays(self.model)

@@ -15,7 +15,8 @@ from snapstate.integrations._check import mismatches, raise_if_any
 from snapstate.state.stateful import RankLocal
 
 
-def _serialize(obj: Any, copy: bool = True) -> dict[str, Any]:
+def named_arrays(obj: Any, copy: bool = True) -> dict[str, Any]:
+    """Every array Chainer's serializers would save of a link or optimizer, by dotted name."""
     from chainer.serializers.npz import DictionarySerializer
 
     ser = DictionarySerializer()
@@ -60,7 +61,7 @@ class ChainerState:
 
     def divergent_replica_keys(self) -> list[tuple[str, str]]:
         """Persistent values of every link: each rank updates its own (see the module doc)."""
-        saved = _serialize(self.link, copy=False)
+        saved = named_arrays(self.link, copy=False)
         keys = []
         for name, link in self.link.namedlinks():
             for persistent in sorted(link._persistent):
@@ -70,20 +71,22 @@ class ChainerState:
         return keys
 
     def state_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"model": _serialize(self.link)}
+        out: dict[str, Any] = {"model": named_arrays(self.link)}
         if self.optimizer is not None:
-            out["optimizer"] = _serialize(self.optimizer)
+            out["optimizer"] = named_arrays(self.optimizer)
         if self.rng:
             out["rng"] = RankLocal(_numpy_rng())
         return out
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         # Views, not copies: only names, shapes and dtypes are compared.
-        found = mismatches("model", _serialize(self.link, False), state_dict.get("model", {}))
+        found = mismatches("model", named_arrays(self.link, False), state_dict.get("model", {}))
         if self.optimizer is not None:
             # Optimizer slots appear at the first update: a fresh optimizer lacks them.
             got = state_dict.get("optimizer", {})
-            found += mismatches("optimizer", _serialize(self.optimizer, False), got, extra_ok=True)
+            found += mismatches(
+                "optimizer", named_arrays(self.optimizer, False), got, extra_ok=True
+            )
         raise_if_any("Chainer state", found)
         _deserialize(self.link, state_dict["model"])
         if self.optimizer is not None:

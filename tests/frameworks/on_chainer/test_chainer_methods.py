@@ -29,11 +29,9 @@ def _trainer() -> Any:
 
 
 def _optimizer_arrays(trainer: Any) -> dict[str, bytes]:
-    from chainer.serializers import DictionarySerializer
+    from snapstate.integrations.chainer import named_arrays
 
-    ser = DictionarySerializer()
-    ser.save(trainer.optimizer)
-    return {k: v.tobytes() for k, v in ser.target.items()}
+    return {k: v.tobytes() for k, v in named_arrays(trainer.optimizer, copy=False).items()}
 
 
 @pytest.mark.parametrize("name", METHODS)
