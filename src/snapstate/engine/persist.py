@@ -133,11 +133,13 @@ class RankWriter:
         parts = ((placed, 0, len(staged.data), last),)
         self._put(_Job(placed.file, placed.start + offset_in_chunk, staged, parts))
 
-    def submit_run(self, run: list[PlacedItem], staged: StagedBytes) -> None:
-        """Whole consecutive chunks of one file, staged together as the bytes of their range."""
-        base = run[0].start
-        parts = tuple((p, p.start - base, p.end - base, True) for p in run)
-        self._put(_Job(run[0].file, base, staged, parts))
+    def submit_run(
+        self, parts: tuple[tuple[PlacedItem, int, int, bool], ...], staged: StagedBytes
+    ) -> None:
+        """Whole consecutive chunks of one file, staged together as the bytes of their range;
+        ``parts`` as in ``_Job``, the first starting at byte 0."""
+        first = parts[0][0]
+        self._put(_Job(first.file, first.start, staged, parts))
 
     def _put(self, job: _Job) -> None:
         if self.error is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 import time
 from dataclasses import dataclass, field
 from enum import Enum
@@ -23,6 +22,7 @@ from snapstate.engine.commit import (
 )
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
+from snapstate.engine.stageplan import Run, Single, make_run, stage_steps
 from snapstate.engine.staging import (
     DEFAULT_SLAB_BYTES,
     SMALL_CHUNK_BYTES,
@@ -189,7 +189,12 @@ class SaveJob:
                 hold=self.mode is SaveMode.ASYNC,
             )
             stager = Stager(self.pool, options.timeout, before_wait=self.writer.flush)
-            _stage_all(self.agreed.flat, rank_plan, self.writer, stager, self._piece_bytes())
+            piece_bytes = self._piece_bytes()
+            # an async save copies every chunk anyway: runs take any chunk that fits a slab
+            run_chunk_bytes = piece_bytes if self.pool is not None else SMALL_CHUNK_BYTES
+            _stage_all(
+                self.agreed.flat, rank_plan, self.writer, stager, piece_bytes, run_chunk_bytes
+            )
             self._stage_witnesses(stager)
             stager.finish()
         except BaseException as exc:
@@ -349,68 +354,49 @@ def _item_metas(flat: FlatState) -> list[ItemMeta]:
 
 
 def _stage_all(
-    flat: FlatState, rank_plan: RankPlan, writer: RankWriter, stager: Stager, piece_bytes: int
+    flat: FlatState,
+    rank_plan: RankPlan,
+    writer: RankWriter,
+    stager: Stager,
+    piece_bytes: int,
+    run_chunk_bytes: int,
 ) -> None:
-    """Stage every chunk of the plan: small ones in runs (one batched copy), large in pieces."""
+    """Stage every chunk of the plan: runs by one batched copy each, large chunks in pieces."""
     with torch.no_grad():
-        for group in _groups(rank_plan, piece_bytes):
-            views = [_source(flat, p.item) for p in group]
-            if len(group) > 1 and _one_run(views, stager):
-                _stage_run(list(zip(group, views)), writer, stager)
+        for step in stage_steps(rank_plan, piece_bytes, run_chunk_bytes):
+            if isinstance(step, Single):
+                _stage_single(
+                    step.placed, _source(flat, step.placed.item), writer, stager, piece_bytes
+                )
                 continue
-            for placed, view in zip(group, views):
-                small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
-                if small and stager.batchable(view):
-                    _stage_run([(placed, view)], writer, stager)
-                else:
-                    _stage_pieces(placed, view, writer, stager, piece_bytes)
+            views = _run_sources(flat, step)
+            if step.batchable and stager.runnable(views):
+                writer.submit_run(step.parts, stager.stage_run(views, step.layout))
+                continue
+            for placed, view in zip(step.placed, views):  # mixed devices, strides, dtypes
+                _stage_single(placed, view, writer, stager, piece_bytes)
 
 
-# rank plan id -> (the plan, {piece_bytes: its groups}); the plan is held so the id stays its own
-_group_cache: dict[int, tuple[RankPlan, dict[int, list[tuple[PlacedItem, ...]]]]] = {}
-_group_lock = threading.Lock()
+def _run_sources(flat: FlatState, run: Run) -> list[torch.Tensor]:
+    """The run's tensors: looked up by key while they are whole plain tensors (the common case)."""
+    if run.keys is not None:
+        tensors = flat.rank_local_tensors if run.rank_local else flat.tensors
+        views = [tensors[k] for k in run.keys]
+        if all(type(v) is torch.Tensor or type(v) is torch.nn.Parameter for v in views):
+            return views
+    return [_source(flat, p.item) for p in run.placed]
 
 
-def _groups(rank_plan: RankPlan, piece_bytes: int) -> list[tuple[PlacedItem, ...]]:
-    """The plan's chunks in the order of their files, consecutive small ones grouped.
-
-    A group of several chunks is staged as one run when its tensors allow it (``_one_run``).
-    Built once per plan: a cached plan is staged without per-chunk planning work.
-    """
-    with _group_lock:
-        known = _group_cache.get(id(rank_plan))
-        if known is None or known[0] is not rank_plan:
-            if len(_group_cache) >= 8:  # plans of earlier structures
-                _group_cache.clear()
-            known = _group_cache[id(rank_plan)] = (rank_plan, {})
-        groups = known[1].get(piece_bytes)
-        if groups is None:
-            groups = known[1][piece_bytes] = _make_groups(rank_plan, piece_bytes)
-        return groups
-
-
-def _make_groups(rank_plan: RankPlan, piece_bytes: int) -> list[tuple[PlacedItem, ...]]:
-    groups: list[tuple[PlacedItem, ...]] = []
-    for file in rank_plan.files:
-        run: list[PlacedItem] = []
-        for placed in file.items:
-            small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
-            if run and not (small and placed.end - run[0].start <= piece_bytes):
-                groups.append(tuple(run))
-                run = []
-            if small:
-                run.append(placed)
-            else:
-                groups.append((placed,))
-        if run:
-            groups.append(tuple(run))
-    return groups
-
-
-def _one_run(views: list[torch.Tensor], stager: Stager) -> bool:
-    """Whether these tensors can be copied by one batched copy (same device, plain memory)."""
-    device = views[0].device
-    return all(v.device == device and stager.batchable(v) for v in views)
+def _stage_single(
+    placed: PlacedItem, view: torch.Tensor, writer: RankWriter, stager: Stager, piece_bytes: int
+) -> None:
+    """One chunk alone: a run of one when it is small and plain, else in pieces."""
+    small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
+    if small and stager.batchable(view):
+        run = make_run([placed])
+        writer.submit_run(run.parts, stager.stage_run([view], run.layout))
+    else:
+        _stage_pieces(placed, view, writer, stager, piece_bytes)
 
 
 def _source(flat: FlatState, item: WriteItem) -> torch.Tensor:
@@ -421,16 +407,6 @@ def _source(flat: FlatState, item: WriteItem) -> torch.Tensor:
         if t.shape == item.box.sizes and not any(item.box.offsets):
             return t
     return source_view(t, item.box)
-
-
-def _stage_run(
-    run: list[tuple[PlacedItem, torch.Tensor]], writer: RankWriter, stager: Stager
-) -> None:
-    base = run[0][0].start
-    staged = stager.stage_run(
-        [v for _, v in run], [p.start - base for p, _ in run], run[-1][0].end - base
-    )
-    writer.submit_run([p for p, _ in run], staged)
 
 
 def _stage_pieces(

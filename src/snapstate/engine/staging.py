@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
+from snapstate.engine.stageplan import BATCH_DTYPES, RunLayout
 from snapstate.errors import CheckpointTimeoutError
 from snapstate.state.views import StagedBytes
 
@@ -28,25 +29,12 @@ from snapstate.state.views import row_pieces as row_pieces
 DEFAULT_SLAB_BYTES = 64 << 20
 ALIGN = 64
 MAX_SLAB_VIEWS = 1 << 16
-# Chunks up to this size are staged in runs, with one batched copy per run.
+# Chunks up to this size are staged in runs by a blocking save (it copies runs and writes
+# larger chunks from the caller's memory); an async save copies everything, so its runs take
+# any chunk that fits a slab.
 SMALL_CHUNK_BYTES = 1 << 20
-# Dtypes whose copy kernels copy bits as they are (others go through an integer view: a
-# bool's copy would turn a byte of 2 into 1).
-BATCH_DTYPES = frozenset(
-    {
-        torch.float64,
-        torch.float32,
-        torch.float16,
-        torch.bfloat16,
-        torch.int64,
-        torch.int32,
-        torch.int16,
-        torch.int8,
-        torch.uint8,
-        torch.complex64,
-        torch.complex128,
-    }
-)
+# A run copies on several threads from this size on (one thread copies about 6 GB/s here).
+PARALLEL_RUN_BYTES = 4 << 20
 
 
 def default_budget() -> int:
@@ -68,20 +56,24 @@ class Slab:
         self.in_flight = 0
         self.sealed = False
         self.bytes = byte_view(self.buffer)
-        # Typed views into the buffer, kept across saves: an unchanged plan stages the same
-        # tensors at the same offsets, and making a view costs more than copying a small tensor.
-        self._views: dict[tuple[int, torch.dtype, tuple[int, ...]], torch.Tensor] = {}
+        # Typed views into the buffer per run, kept across saves: an unchanged plan stages the
+        # same runs at the same offsets, and making a view costs more than copying a small
+        # tensor. Keyed by the layout's id; the layout is held so that its id stays its own.
+        self._views: dict[tuple[int, int], tuple[RunLayout, list[torch.Tensor]]] = {}
+        self._view_count = 0
 
-    def view_at(self, offset: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        key = (offset, dtype, shape)
-        view = self._views.get(key)
-        if view is None:
-            if len(self._views) >= MAX_SLAB_VIEWS:
-                self._views.clear()
-            nbytes = math.prod(shape) * dtype.itemsize
-            view = self.buffer[offset : offset + nbytes].view(dtype).view(shape)
-            self._views[key] = view
-        return view
+    def run_views(self, start: int, layout: RunLayout) -> list[torch.Tensor]:
+        """Views of the run's tensors in this slab, the run starting at byte ``start``."""
+        known = self._views.get((start, id(layout)))
+        if known is not None and known[0] is layout:
+            return known[1]
+        if self._view_count >= MAX_SLAB_VIEWS:
+            self._views.clear()
+            self._view_count = 0
+        views = layout_views(self.buffer, start, layout)
+        self._views[(start, id(layout))] = (layout, views)
+        self._view_count += len(views)
+        return views
 
     def reset(self) -> None:
         self.used = self.in_flight = 0
@@ -229,18 +221,40 @@ def copy_bytes(dst: torch.Tensor, src: torch.Tensor) -> None:
     )
 
 
-def _foreach_copy_cpu(dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
-    """One batched copy on this thread alone.
+def layout_views(buffer: torch.Tensor, start: int, layout: RunLayout) -> list[torch.Tensor]:
+    return [
+        buffer[start + o : start + o + math.prod(shape) * dtype.itemsize].view(dtype).view(shape)
+        for o, dtype, shape in zip(layout.offsets, layout.dtypes, layout.shapes)
+    ]
+
+
+def copy_run(dsts: list[torch.Tensor], srcs: list[torch.Tensor], layout: RunLayout) -> None:
+    """Batched copies of a run: one per thread, each over a span of about equal bytes.
 
     Why not torch's intra-op threads: they meet at a barrier after each tensor, so on a busy
     machine one preempted thread holds up every copy of the run (measured 10-50x slower on
-    the loaded 2-core CI box); small tensors gain nothing from them anyway.
+    the loaded 2-core CI box). Independent batched copies of their own spans do not wait
+    for each other, and torch releases the GIL while each runs.
     """
+    parts = min(copy_threads(), layout.nbytes // PARALLEL_RUN_BYTES)
     threads = torch.get_num_threads()
     if threads > 1:
         torch.set_num_threads(1)
     try:
-        torch._foreach_copy_(dsts, srcs)
+        if parts < 2 or len(dsts) < 2:
+            torch._foreach_copy_(dsts, srcs)
+            return
+        cuts = layout.split(parts)
+        spans = list(zip(cuts, cuts[1:]))
+        futures = [
+            _copier_pool().submit(torch._foreach_copy_, dsts[a:b], srcs[a:b]) for a, b in spans[1:]
+        ]
+        try:
+            a, b = spans[0]
+            torch._foreach_copy_(dsts[a:b], srcs[a:b])
+        finally:
+            for f in futures:  # every copy has ended before the run is handed on
+                f.result()
     finally:
         if threads > 1:
             torch.set_num_threads(threads)
@@ -277,30 +291,33 @@ class Stager:
             and (view.device.type == "cpu" or self.stream is not None)
         )
 
-    def stage_run(self, views: list[torch.Tensor], offsets: list[int], nbytes: int) -> StagedBytes:
-        """Copy whole small chunks into one range of ``nbytes``, chunk i at ``offsets[i]``.
+    def runnable(self, views: list[torch.Tensor]) -> bool:
+        """Whether these tensors can be copied by one batched copy (same device, plain memory)."""
+        if all(v.is_cpu and v.is_contiguous() for v in views):
+            return True
+        device = views[0].device
+        return self.stream is not None and all(
+            v.device == device and v.is_contiguous() for v in views
+        )
 
-        One ``torch._foreach_copy_`` for the run instead of a copy (and its views) per chunk.
-        The offsets are the chunks' places in their file, relative to the first one, which the
-        planner aligns to each chunk's itemsize.
+    def stage_run(self, views: list[torch.Tensor], layout: RunLayout) -> StagedBytes:
+        """Copy whole chunks into one range laid out by ``layout`` (see ``copy_run``).
+
+        The layout's offsets are the chunks' places in their file, relative to the first one,
+        which the planner aligns to each chunk's itemsize.
         """
+        nbytes = layout.nbytes
         if self.pool is None:  # blocking save: one fresh buffer, written in one piece
-            buffer = torch.empty(nbytes, dtype=torch.uint8)
-            dsts = [
-                buffer[o : o + v.numel() * v.element_size()].view(v.dtype).view(v.shape)
-                for v, o in zip(views, offsets)
-            ]
-            _foreach_copy_cpu(dsts, views)
+            buffer = torch.zeros(nbytes, dtype=torch.uint8)  # zeros: no stale memory in gaps
+            copy_run(layout_views(buffer, 0, layout), views, layout)
             return StagedBytes(byte_view(buffer), None, None)
         slab, start = self.pool.reserve(nbytes, self.timeout, self.before_wait)
         pool = self.pool
         try:
-            dsts = [
-                slab.view_at(start + o, v.dtype, tuple(v.shape)) for v, o in zip(views, offsets)
-            ]
+            dsts = slab.run_views(start, layout)
             if self.stream is not None and views[0].device.type == "cuda":
                 return self._copy_run_cuda(slab, start, nbytes, dsts, views)
-            _foreach_copy_cpu(dsts, views)
+            copy_run(dsts, views, layout)
         except BaseException:
             pool.release(slab)  # nobody will write this run: its room must not stay taken
             raise

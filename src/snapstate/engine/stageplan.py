@@ -1,0 +1,145 @@
+"""What a rank's save copies where, decided once per plan (pure: no tensor is touched).
+
+An unchanged state is saved with the same cached plan save after save, so the per-chunk
+decisions (which chunks share one batched copy, at which offsets, with which dtype and shape)
+are made here once and kept with the plan; each save then only looks its tensors up.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from snapstate.format.dtypes import dtype_from_name
+from snapstate.planning.items import PlacedItem, Placement, RankPlan
+
+# Dtypes whose copy kernels copy bits as they are (others go through an integer view: a
+# bool's copy would turn a byte of 2 into 1).
+BATCH_DTYPES = frozenset(
+    {
+        torch.float64,
+        torch.float32,
+        torch.float16,
+        torch.bfloat16,
+        torch.int64,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+        torch.complex64,
+        torch.complex128,
+    }
+)
+
+
+@dataclass(frozen=True, eq=False)
+class RunLayout:
+    """Where each tensor of a run goes in the run's range of ``nbytes``."""
+
+    offsets: tuple[int, ...]
+    dtypes: tuple[torch.dtype, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    nbytes: int
+
+    def split(self, parts: int) -> list[int]:
+        """Indices cutting the run into about ``parts`` spans of equal bytes (ends included)."""
+        cuts, goal = [0], self.nbytes / parts
+        for i, offset in enumerate(self.offsets):
+            if i and offset >= goal * len(cuts) and len(cuts) < parts:
+                cuts.append(i)
+        return [*cuts, len(self.offsets)]
+
+
+@dataclass(frozen=True, eq=False)
+class Run:
+    """Consecutive chunks of one file, staged by one batched copy into one range.
+
+    ``keys`` is set when every chunk is a whole tensor of one dict (``rank_local`` says which):
+    a save then takes the tensors by key instead of slicing views.
+    """
+
+    placed: tuple[PlacedItem, ...]
+    layout: RunLayout
+    batchable: bool  # every dtype copies bitwise in a batched copy
+    keys: tuple[str, ...] | None
+    rank_local: bool
+    # what the writer records per chunk: (chunk, first byte, end byte in the run, last part)
+    parts: tuple[tuple[PlacedItem, int, int, bool], ...]
+
+
+@dataclass(frozen=True, eq=False)
+class Single:
+    """A chunk staged on its own: larger than a run allows, so in pieces of at most a slab."""
+
+    placed: PlacedItem
+
+
+Step = Run | Single
+
+# rank plan id -> (the plan, {(piece_bytes, run_chunk_bytes): steps}); the plan is held so
+# that its id stays its own
+_cache: dict[int, tuple[RankPlan, dict[tuple[int, int], list[Step]]]] = {}
+_lock = threading.Lock()
+
+
+def stage_steps(rank_plan: RankPlan, piece_bytes: int, run_chunk_bytes: int) -> list[Step]:
+    """The plan's chunks in file order: runs of chunks up to ``run_chunk_bytes`` each, whose
+    span fits ``piece_bytes``, and single chunks. Built once per plan and sizes."""
+    with _lock:
+        known = _cache.get(id(rank_plan))
+        if known is None or known[0] is not rank_plan:
+            if len(_cache) >= 8:  # plans of earlier structures
+                _cache.clear()
+            known = _cache[id(rank_plan)] = (rank_plan, {})
+        sizes = (piece_bytes, run_chunk_bytes)
+        steps = known[1].get(sizes)
+        if steps is None:
+            steps = known[1][sizes] = _make_steps(rank_plan, piece_bytes, run_chunk_bytes)
+        return steps
+
+
+def _make_steps(rank_plan: RankPlan, piece_bytes: int, run_chunk_bytes: int) -> list[Step]:
+    steps: list[Step] = []
+    limit = min(run_chunk_bytes, piece_bytes)
+    for file in rank_plan.files:
+        run: list[PlacedItem] = []
+        for placed in file.items:
+            fits = 0 < placed.item.nbytes <= limit
+            if run and not (fits and placed.end - run[0].start <= piece_bytes):
+                steps.append(make_run(run))
+                run = []
+            if fits:
+                run.append(placed)
+            else:
+                steps.append(Single(placed))
+        if run:
+            steps.append(make_run(run))
+    return steps
+
+
+def make_run(placed: list[PlacedItem]) -> Run:
+    base = placed[0].start
+    dtypes = tuple(dtype_from_name(p.item.dtype) for p in placed)
+    layout = RunLayout(
+        offsets=tuple(p.start - base for p in placed),
+        dtypes=dtypes,
+        shapes=tuple(tuple(p.item.box.sizes) for p in placed),
+        nbytes=placed[-1].end - base,
+    )
+    local = {p.item.placement is Placement.RANK_LOCAL for p in placed}
+    whole = len(local) == 1 and all(_is_whole(p) for p in placed)
+    return Run(
+        placed=tuple(placed),
+        layout=layout,
+        batchable=all(d in BATCH_DTYPES for d in dtypes),
+        keys=tuple(p.item.key for p in placed) if whole else None,
+        rank_local=local == {True},
+        parts=tuple((p, p.start - base, p.end - base, True) for p in placed),
+    )
+
+
+def _is_whole(placed: PlacedItem) -> bool:
+    item = placed.item
+    return tuple(item.box.sizes) == tuple(item.shape) and not any(item.box.offsets)
