@@ -161,3 +161,56 @@ def test_a_backend_subclass_that_changes_read_into_sees_every_read(tmp_path: Pat
     )
     for k, v in state.items():
         assert_bitwise_equal(target[k], v)
+
+
+def test_a_blocking_save_writes_small_chunks_from_where_they_lie(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No staging copy: copy_run fails if called."""
+
+    def no_copy(*_: object) -> None:
+        raise AssertionError("a blocking save copied a run")
+
+    monkeypatch.setattr(staging, "copy_run", no_copy)
+    state = {
+        "f": random_tensor(torch.float32, (3, 5), seed=1),
+        "h": random_tensor(torch.float16, (7,), seed=2),  # odd bytes: a gap follows
+        "i": random_tensor(torch.int64, (9,), seed=3),
+        "b": random_tensor(torch.int8, (5,), seed=4),
+    }
+    ss.save(state, tmp_path / "ckpt")
+    assert_holds(tmp_path / "ckpt", state)
+
+
+def test_gathered_bytes_fill_the_gaps_with_zeros() -> None:
+    from snapstate.state.views import gathered
+
+    views = [memoryview(b"abc"), memoryview(b""), memoryview(b"de")]
+    staged = gathered(views, (0, 4, 4), 8)
+    assert b"".join(bytes(b) for b in staged.buffers) == b"abc\0de\0\0"
+    assert [bytes(staged.part(i, 0, 0)) for i in range(3)] == [b"abc", b"", b"de"]
+
+
+def test_vectored_writes_past_the_iov_limit_and_after_a_short_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapstate.storage import local
+
+    buffers = tuple(
+        memoryview(bytes([i % 251]) * (1 + i % 7)) for i in range(2 * local.IOV_MAX + 5)
+    )
+    real, calls = local.os.pwritev, []
+
+    def short_once(fd: int, group: list[memoryview], offset: int) -> int:
+        calls.append(len(group))
+        if len(calls) == 2:  # the second call writes only part of its first buffer
+            return real(fd, [group[0][:1]], offset)
+        return real(fd, group, offset)
+
+    monkeypatch.setattr(local.os, "pwritev", short_once)
+    writer = local.LocalFileWriter(str(tmp_path / "f"))
+    writer.write_at(memoryview(b"head"), 0)
+    assert writer.write_many(buffers, 4) == sum(map(len, buffers))
+    writer.close()
+    assert max(calls) <= local.IOV_MAX and len(calls) == 3
+    assert (tmp_path / "f").read_bytes() == b"head" + b"".join(bytes(b) for b in buffers)

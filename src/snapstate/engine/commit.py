@@ -56,8 +56,9 @@ def marker_chunk(p: PlacedItem, block_bytes: int, xxh3: list[str]) -> MarkerChun
     )
 
 
-def write_marker(storage: Storage, rank: int, marker: Marker) -> None:
-    storage.write_atomic(marker_path(rank), marker.to_json())
+def write_marker(storage: Storage, rank: int, marker: Marker, encoded: bytes | None = None) -> None:
+    """``encoded``: the marker's JSON when the caller already made it."""
+    storage.write_atomic(marker_path(rank), encoded if encoded is not None else marker.to_json())
 
 
 def read_markers(storage: Storage, world_size: int, own: Marker | None = None) -> list[Marker]:
@@ -134,6 +135,13 @@ def assemble_manifest(
     )
 
 
+def encode_manifest(
+    plan: SavePlan, markers: list[Marker], tree: dict[str, Any], step: int | None
+) -> bytes:
+    """The manifest's bytes, ready to publish."""
+    return assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()}).to_json()
+
+
 def _record(meta: ItemMeta, kind: str) -> TensorRecord:
     return TensorRecord(meta.dtype, list(meta.shape), kind, meta.placement.value, [])
 
@@ -155,8 +163,12 @@ def finish_rank(
     step: int | None,
     timeout: float,
     own: Marker | None = None,
+    prepared: bytes | None = None,
 ) -> float:
     """After this rank's marker is written: arrive, then commit (coordinator) or wait for the commit.
+
+    ``prepared``: a single rank's manifest, encoded from ``own`` while its shards fsynced
+    (``encode_manifest``); with more ranks the coordinator encodes it from every marker.
 
     Runs in the background of async saves, so it talks through the store (``StoreBarrier``),
     never a collective; a rank that does not arrive within ``timeout`` means no manifest and
@@ -178,8 +190,9 @@ def finish_rank(
         # replicas that diverged: ReplicaMismatchError, no commit
         check_witnesses(markers)
         check_files(storage, markers)
-        manifest = assemble_manifest(plan, markers, tree, step, {"commit_started": time.time()})
-        storage.write_atomic(MANIFEST, manifest.to_json())
+        if prepared is None or coord.world_size != 1:
+            prepared = encode_manifest(plan, markers, tree, step)
+        storage.write_atomic(MANIFEST, prepared)
     except BaseException as exc:
         # the ranks waiting hear why
         barrier.decide(describe(exc), getattr(exc, "arrived", arrived), wait=timeout)

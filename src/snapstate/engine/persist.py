@@ -10,12 +10,14 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from snapstate.engine.staging import StagedBytes
 from snapstate.errors import CheckpointError, CheckpointIOError
 from snapstate.format.integrity import BlockHasher
 from snapstate.planning.items import PlacedItem, RankPlan
+from snapstate.state.views import GatheredBytes
 from snapstate.storage.base import FileWriter, Storage
 
 _STOP = object()
@@ -45,6 +47,29 @@ def as_checkpoint_error(exc: BaseException, root: str) -> BaseException:
     return err
 
 
+def write_gathered(writer: FileWriter, buffers: tuple[memoryview, ...], at: int) -> int:
+    """Write ``buffers`` back to back from byte ``at``: one vectored write where the writer's
+    class has one (``write_many``), else one ``write_at`` each. Returns the bytes written.
+
+    A wrapper or subclass that changes ``write_at`` (to count or inject faults) gets every
+    write through it, as ``engine/readorder.py`` does for reads.
+    """
+    cls = type(writer)
+    if _defined_in(cls, "write_many") is not None and _defined_in(cls, "write_many") is _defined_in(
+        cls, "write_at"
+    ):
+        return writer.write_many(buffers, at)  # type: ignore[attr-defined, no-any-return]
+    offset = at
+    for buffer in buffers:
+        writer.write_at(buffer, offset)
+        offset += len(buffer)
+    return offset - at
+
+
+def _defined_in(cls: type, name: str) -> type | None:
+    return next((c for c in cls.__mro__ if name in vars(c)), None)
+
+
 @dataclass(frozen=True)
 class _Job:
     """Bytes to write at ``at`` in ``file``, and the chunks (or parts of chunks) they hold.
@@ -55,14 +80,15 @@ class _Job:
 
     file: str
     at: int
-    staged: StagedBytes
+    staged: StagedBytes | GatheredBytes
     parts: tuple[tuple[PlacedItem, int, int, bool], ...]
 
 
 @dataclass
 class PersistStats:
     bytes_written: int = 0
-    write_s: float = 0.0
+    write_s: float = 0.0  # in the writes, summed over writer threads
+    sync_s: float = 0.0  # the final fsync of every file
     # (file, start, end) -> xxh3 blocks
     digests: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)
 
@@ -134,7 +160,9 @@ class RankWriter:
         self._put(_Job(placed.file, placed.start + offset_in_chunk, staged, parts))
 
     def submit_run(
-        self, parts: tuple[tuple[PlacedItem, int, int, bool], ...], staged: StagedBytes
+        self,
+        parts: tuple[tuple[PlacedItem, int, int, bool], ...],
+        staged: StagedBytes | GatheredBytes,
     ) -> None:
         """Whole consecutive chunks of one file, staged together as the bytes of their range;
         ``parts`` as in ``_Job``, the first starting at byte 0."""
@@ -172,8 +200,13 @@ class RankWriter:
             if t.ident is None:  # not started yet
                 t.start()
 
-    def close(self) -> PersistStats:
-        """Wait for all pieces, fsync and close every file; raise the first error (files removed)."""
+    def close(self, meanwhile: Callable[[PersistStats], None] | None = None) -> PersistStats:
+        """Wait for all pieces, fsync and close every file; raise the first error (files removed).
+
+        ``meanwhile`` runs on this thread while the files fsync, given the stats of the bytes
+        written (their digests are final by then): the caller's next step (building the
+        marker) overlaps the disk's wait instead of following it.
+        """
         self.flush()
         self._start()  # also after an abort, so that join() below has threads to join
         for q in self._queues:
@@ -184,13 +217,31 @@ class RankWriter:
             self.abort()
             raise self.error
         started = time.perf_counter()
-        try:
-            for writer in self._writers.values():
-                writer.close(sync=True)
-        except BaseException:
+        failed: list[BaseException] = []
+
+        def sync_all() -> None:
+            try:
+                for writer in self._writers.values():
+                    writer.close(sync=True)
+            except BaseException as exc:  # noqa: BLE001 - raised below, on the caller's thread
+                failed.append(exc)
+
+        if meanwhile is None:
+            sync_all()
+        else:
+            syncer = threading.Thread(target=sync_all, name="snapstate-fsync", daemon=True)
+            syncer.start()
+            try:
+                meanwhile(self.stats)
+            except BaseException:
+                syncer.join()
+                self.abort()
+                raise
+            syncer.join()
+        if failed:
             self.abort()
-            raise
-        self.stats.write_s += time.perf_counter() - started
+            raise failed[0]
+        self.stats.sync_s = time.perf_counter() - started
         return self.stats
 
     def abort(self) -> None:
@@ -227,8 +278,8 @@ class RankWriter:
                 return
             try:
                 if self.error is None:
-                    for placed, begin, end, last in job.parts:
-                        self._hash(placed, job.staged.data[begin:end], last)
+                    for i, (placed, begin, end, last) in enumerate(job.parts):
+                        self._hash(placed, job.staged.part(i, begin, end), last)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)
             finally:
@@ -243,9 +294,14 @@ class RankWriter:
         if job.staged.ready:
             job.staged.ready()
         started = time.perf_counter()
-        self._writers[job.file].write_at(job.staged.data, job.at)
+        writer, staged = self._writers[job.file], job.staged
+        if isinstance(staged, GatheredBytes):
+            nbytes = write_gathered(writer, staged.buffers, job.at)
+        else:
+            writer.write_at(staged.data, job.at)
+            nbytes = len(staged.data)
         with self._lock:
-            self.stats.bytes_written += len(job.staged.data)
+            self.stats.bytes_written += nbytes
             self.stats.write_s += time.perf_counter() - started
 
     def _hash(self, placed: PlacedItem, data: memoryview, last: bool) -> None:

@@ -14,6 +14,7 @@ from snapstate.collective.exchange import AgreedPlan, exchange_plan, local_metas
 from snapstate.collective.replica_check import WitnessHasher
 from snapstate.engine.commit import (
     MARKERS,
+    encode_manifest,
     finish_rank,
     marker_chunk,
     marker_path,
@@ -116,6 +117,7 @@ class SaveJob:
         self.hasher: WitnessHasher | None = None
         self.writer: RankWriter | None = None
         self.marker: Marker | None = None
+        self.manifest: bytes | None = None  # encoded early by a single rank (see persist)
         self.blocking_s = 0.0
         self.persist_s = 0.0
 
@@ -205,11 +207,23 @@ class SaveJob:
     def persist(self) -> None:
         """Wait for the writes, fsync, then write this rank's marker."""
         assert self.writer is not None
-        try:
-            stats = self.writer.close()
-            self.storage.sync_dir("shards")
+        encoded: list[bytes] = []
+
+        def prepare_marker(stats: PersistStats) -> None:  # while the shards fsync
             self.marker = self._marker(stats)
-            write_marker(self.storage, self.coord.rank, self.marker)
+            encoded.append(self.marker.to_json())
+            if self.coord.world_size == 1:  # its own marker is all the manifest needs
+                assert self.agreed is not None
+                agreed = self.agreed
+                self.manifest = encode_manifest(
+                    agreed.plan, [self.marker], agreed.flat.tree, self.step
+                )
+
+        try:
+            self.writer.close(meanwhile=prepare_marker)
+            self.storage.sync_dir("shards")
+            assert self.marker is not None
+            write_marker(self.storage, self.coord.rank, self.marker, encoded[0])
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -229,6 +243,7 @@ class SaveJob:
                 self.step,
                 self.options.timeout,
                 self.marker,
+                self.manifest,
             )
         except BaseException:
             _discard(self.storage, self.coord.rank, self.rank_plan)

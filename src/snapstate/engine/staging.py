@@ -19,7 +19,7 @@ import torch
 
 from snapstate.engine.stageplan import BATCH_DTYPES, RunLayout
 from snapstate.errors import CheckpointTimeoutError
-from snapstate.state.views import StagedBytes
+from snapstate.state.views import GatheredBytes, StagedBytes, gathered
 
 # Re-exported: engine/load.py and collective/loadshare.py import them from here.
 from snapstate.state.views import bits_view as bits_view
@@ -300,17 +300,18 @@ class Stager:
             v.device == device and v.is_contiguous() for v in views
         )
 
-    def stage_run(self, views: list[torch.Tensor], layout: RunLayout) -> StagedBytes:
-        """Copy whole chunks into one range laid out by ``layout`` (see ``copy_run``).
+    def stage_run(
+        self, views: list[torch.Tensor], layout: RunLayout
+    ) -> StagedBytes | GatheredBytes:
+        """Copy whole chunks into one range laid out by ``layout`` (see ``copy_run``), or in
+        a blocking save, hand them over where they lie (the caller waits for the writes).
 
         The layout's offsets are the chunks' places in their file, relative to the first one,
         which the planner aligns to each chunk's itemsize.
         """
         nbytes = layout.nbytes
-        if self.pool is None:  # blocking save: one fresh buffer, written in one piece
-            buffer = torch.zeros(nbytes, dtype=torch.uint8)  # zeros: no stale memory in gaps
-            copy_run(layout_views(buffer, 0, layout), views, layout)
-            return StagedBytes(byte_view(buffer), None, None)
+        if self.pool is None:  # blocking save: written from the caller's memory, in one go
+            return gathered([byte_view(v) for v in views], layout.offsets, nbytes)
         slab, start = self.pool.reserve(nbytes, self.timeout, self.before_wait)
         pool = self.pool
         try:

@@ -53,3 +53,39 @@ class StagedBytes:
     data: memoryview
     release: Callable[[], None] | None  # give the buffer back once written
     ready: Callable[[], None] | None  # wait for an asynchronous device copy
+
+    def part(self, index: int, begin: int, end: int) -> memoryview:
+        """The bytes of a job's part ``index``: ``[begin, end)`` of the data."""
+        return self.data[begin:end]
+
+
+@dataclass
+class GatheredBytes:
+    """Bytes written from where they lie (a blocking save's runs): no staging copy at all.
+
+    ``buffers`` are the range's bytes in order, the gaps between chunks as zeros;
+    ``chunks`` holds each part's own bytes, for hashing.
+    """
+
+    buffers: tuple[memoryview, ...]
+    chunks: tuple[memoryview, ...]
+    release: None = None
+    ready: None = None
+
+    def part(self, index: int, begin: int, end: int) -> memoryview:
+        return self.chunks[index]
+
+
+def gathered(views: list[memoryview], offsets: tuple[int, ...], nbytes: int) -> GatheredBytes:
+    """``views[i]`` at ``offsets[i]`` of a range of ``nbytes``, zeros between them."""
+    buffers: list[memoryview] = []
+    at = 0
+    for view, offset in zip(views, offsets):
+        if offset > at:
+            buffers.append(memoryview(bytes(offset - at)))
+        if len(view):
+            buffers.append(view)
+        at = offset + len(view)
+    if nbytes > at:
+        buffers.append(memoryview(bytes(nbytes - at)))
+    return GatheredBytes(tuple(buffers), tuple(views))
