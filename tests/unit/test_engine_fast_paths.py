@@ -214,3 +214,45 @@ def test_vectored_writes_past_the_iov_limit_and_after_a_short_write(
     writer.close()
     assert max(calls) <= local.IOV_MAX and len(calls) == 3
     assert (tmp_path / "f").read_bytes() == b"head" + b"".join(bytes(b) for b in buffers)
+
+
+def test_reads_close_together_are_batched_and_far_ones_are_not() -> None:
+    from snapstate.engine.readorder import BATCH_GAP_BYTES, DirectRead, batches
+
+    def read(offset: int, n: int) -> DirectRead:
+        return DirectRead("f", offset, memoryview(bytearray(n)), f"k{offset}", lambda: None)
+
+    reads = [read(0, 10), read(16, 0), read(16, 8), read(24 + BATCH_GAP_BYTES + 1, 4)]
+    assert [[r.offset for r in b] for b in batches(reads)] == [[0, 16, 16], [reads[3].offset]]
+
+
+def test_a_short_vectored_read_is_finished_and_a_cut_off_file_names_its_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapstate.storage import local
+
+    state = {f"t{i}": random_tensor(torch.float32, (100 + i,), seed=i) for i in range(40)}
+    ss.save(state, tmp_path / "ckpt")
+    real = local.os.preadv
+
+    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
+        return real(fd, buffers[:3], offset)  # fewer bytes than asked
+
+    monkeypatch.setattr(local.os, "preadv", short)
+    assert_holds(tmp_path / "ckpt", state)
+    monkeypatch.undo()
+    last = max(
+        (c for t in ss.inspect(tmp_path / "ckpt").tensors.values() for c in t.chunks),
+        key=lambda c: c.start,
+    )
+    shard = tmp_path / "ckpt" / last.file
+    shard.write_bytes(shard.read_bytes()[: last.start + 3])
+    with pytest.raises(ss.CorruptCheckpointError, match="manifest says"):
+        ss.load(blank_like(state), tmp_path / "ckpt")  # the size check before any read
+    from snapstate.engine import verify
+
+    # a file cut between that check and the reads: the batch's error names the chunk
+    monkeypatch.setattr(verify, "check_shard_file", lambda *_: None)
+    with pytest.raises(ss.CorruptCheckpointError, match="truncated") as info:
+        ss.load(blank_like(state), tmp_path / "ckpt")
+    assert info.value.key == last.name.split("@")[0]

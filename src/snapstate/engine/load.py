@@ -183,6 +183,12 @@ def plan_tasks(
 
 
 def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[ReadTask]:
+    if len(record.chunks) == 1 and type(target) in (torch.Tensor, torch.nn.Parameter):
+        # the common case, one whole chunk into a plain tensor: no box arithmetic, no slicing
+        chunk = record.chunks[0]
+        if list(target.shape) == chunk.sizes and not any(chunk.offsets):
+            box = Box(tuple(chunk.offsets), tuple(chunk.sizes))
+            return [ReadTask(key, record, chunk, box, target)]
     box = local_box(target)
     data = local_data(target)
     tasks = []
@@ -202,8 +208,9 @@ def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[Rea
 def run_reads(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
     """Whole chunks go straight into their targets, shard by shard in file order; the rest
     (resharding overlaps) read their covering spans on a thread pool."""
-    direct = [_direct_read(t) for t in tasks if reads_whole_chunk(t)]
-    tasks = [t for t in tasks if not reads_whole_chunk(t)]
+    whole = [reads_whole_chunk(t) for t in tasks]
+    direct = [_direct_read(t) for t, w in zip(tasks, whole) if w]
+    tasks = [t for t, w in zip(tasks, whole) if not w]
     counter = _Counter()
     counter.add(read_in_file_order(storage, direct, threads))
     if threads <= 1 or len(tasks) <= 1:

@@ -226,21 +226,24 @@ class _Validator:
             raise self.fail(message, key)
 
     def mapping(self, value: Any, key: str) -> dict[str, Any]:
-        self.require(isinstance(value, dict), f"{key} is not an object", key)
+        if not isinstance(value, dict):
+            raise self.fail(f"{key} is not an object", key)
         return value
 
     # Messages are built only on failure: formatting them per element made validation of a
     # 16,000-dimension shape quadratic (33 s).
     def integer(self, value: Any, key: str, minimum: int = 0) -> int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and minimum <= value <= MAX_INT
-        if not ok:
+        # type(...) is int: json gives exact ints, and this also refuses bools
+        if not (type(value) is int and minimum <= value <= MAX_INT):
             raise self.fail(f"{_short(value)} is not an integer in [{minimum}, 2**63)", key)
         return value
 
     def ints(self, value: Any, key: str, length: int | None = None) -> list[int]:
-        if not (isinstance(value, list) and (length is None or len(value) == length)):
+        if not (type(value) is list and (length is None or len(value) == length)):
             raise self.fail(f"expected a list of {length} integers, got {_short(value)}", key)
-        return [self.integer(x, key) for x in value]
+        if all(type(x) is int and 0 <= x <= MAX_INT for x in value):
+            return value
+        return [self.integer(x, key) for x in value]  # raises, naming the bad element
 
     def path(self, value: Any, key: str) -> str:
         ok = (
@@ -287,13 +290,11 @@ class _Validator:
         dtype = dtype_from_name(rec.get("dtype"), file=self.file, key=key)
         shape = self.ints(rec.get("shape"), key)
         kind = rec.get("kind", "tensor")
-        self.require(kind in ("tensor", "ndarray", "npscalar"), f"unknown kind {kind!r}", key)
+        if kind not in ("tensor", "ndarray", "npscalar"):
+            raise self.fail(f"unknown kind {kind!r}", key)
         placement = rec.get("placement")
-        self.require(
-            placement in ("replicate", "shard", "rank_local"),
-            f"unknown placement {placement!r}",
-            key,
-        )
+        if placement not in ("replicate", "shard", "rank_local"):
+            raise self.fail(f"unknown placement {placement!r}", key)
         raw_chunks = rec.get("chunks")
         self.require(isinstance(raw_chunks, list), "chunks is not a list", key)
         chunks = [self.chunk(key, c, shape, itemsize(dtype), files) for c in raw_chunks]
@@ -303,6 +304,7 @@ class _Validator:
     def chunk(
         self, key: str, rec: Any, shape: list[int], size: int, files: dict[str, FileRecord]
     ) -> ChunkRecord:
+        # Every message below is formatted only on failure: this runs once per chunk.
         rec = self.mapping(rec, key)
         offsets = self.ints(rec.get("offsets"), key, len(shape))
         sizes = self.ints(rec.get("sizes"), key, len(shape))
@@ -311,33 +313,31 @@ class _Validator:
                 f"chunk at {_short(offsets)} size {_short(sizes)} exceeds shape {_short(shape)}",
                 key,
             )
-        file = self.path(rec.get("file"), key)
-        self.require(file in files, f"chunk file {file!r} is not listed in files", key)
+        file = rec.get("file")
+        if not (type(file) is str and file in files):  # listed files are valid paths already
+            self.path(file, key)
+            raise self.fail(f"chunk file {file!r} is not listed in files", key)
         start, end = self.integer(rec.get("start"), key), self.integer(rec.get("end"), key)
-        self.require(
-            end - start == math.prod(sizes) * size,
-            f"chunk byte range {start}..{end} does not match its {math.prod(sizes)} elements",
-            key,
-        )
-        self.require(
-            end <= files[file].bytes,
-            f"chunk byte range ends at {end}, beyond {file} ({files[file].bytes} bytes)",
-            key,
-        )
+        elements = math.prod(sizes)
+        if end - start != elements * size:
+            raise self.fail(
+                f"chunk byte range {start}..{end} does not match its {elements} elements", key
+            )
+        if end > files[file].bytes:
+            raise self.fail(
+                f"chunk byte range ends at {end}, beyond {file} ({files[file].bytes} bytes)", key
+            )
         block = self.integer(rec.get("block_bytes"), key, minimum=1)
         digests = rec.get("xxh3")
-        self.require(
-            isinstance(digests, list) and all(isinstance(d, str) for d in digests),
-            "xxh3 is not a list of strings",
-            key,
-        )
-        self.require(
-            len(digests) == block_count(end - start, block),
-            f"{len(digests)} checksums for {end - start} bytes in blocks of {block}",
-            key,
-        )
+        if not (type(digests) is list and all(type(d) is str for d in digests)):
+            raise self.fail("xxh3 is not a list of strings", key)
+        if len(digests) != block_count(end - start, block):
+            raise self.fail(
+                f"{len(digests)} checksums for {end - start} bytes in blocks of {block}", key
+            )
         name = rec.get("name")
-        self.require(isinstance(name, str), "chunk name is not a string", key)
+        if type(name) is not str:
+            raise self.fail("chunk name is not a string", key)
         return ChunkRecord(offsets, sizes, file, name, start, end, block, digests)
 
     def trees(
@@ -363,20 +363,14 @@ class _Validator:
             if c.end > c.start
         )
         for (f1, _, end1, key1), (f2, start2, _, key2) in zip(ranges, ranges[1:]):
-            self.require(
-                f1 != f2 or start2 >= end1,
-                f"chunks of {key1!r} and {key2!r} share bytes of {f1}",
-                key2,
-            )
+            if f1 == f2 and start2 < end1:
+                raise self.fail(f"chunks of {key1!r} and {key2!r} share bytes of {f1}", key2)
 
     def covers(self, key: str, shape: list[int], chunks: list[ChunkRecord]) -> None:
         """The chunks tile the shape exactly (no hole, no overlap), at any chunk count."""
         total = sum(math.prod(c.sizes) for c in chunks)
-        self.require(
-            total == math.prod(shape),
-            f"chunks hold {total} elements, the tensor {math.prod(shape)}",
-            key,
-        )
+        if total != math.prod(shape):
+            raise self.fail(f"chunks hold {total} elements, the tensor {math.prod(shape)}", key)
         boxes = [c for c in chunks if math.prod(c.sizes) > 0]
         if len(boxes) > 1:
             problem = tiling_problem(shape, [(c.offsets, c.sizes) for c in boxes])

@@ -127,6 +127,19 @@ class LocalFileReader:
                 )
             got += n
 
+    def read_many(self, offset: int, buffers: list[memoryview]) -> None:
+        """Fill ``buffers`` from consecutive bytes at ``offset`` (one vectored read)."""
+        got = os.preadv(self.fd, buffers, offset)  # releases the GIL
+        size = sum(len(b) for b in buffers)
+        if got < size:  # a short read: finish buffer by buffer (EOFError at the file's end)
+            for buffer in buffers:
+                if got < len(buffer):
+                    self.read_into(offset + got, buffer[got:])
+                    got = 0
+                else:
+                    got -= len(buffer)
+                offset += len(buffer)
+
     def close(self) -> None:
         os.close(self.fd)
 
