@@ -26,6 +26,7 @@ from snapstate.engine.chunkread import (
     select,
     verify,
 )
+from snapstate.engine.mapped import can_map, load_mapped
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
 from snapstate.engine.staging import bits_view, byte_view
@@ -102,9 +103,12 @@ def load_into(
             mismatched=plan.mismatches,
         ),
     )
-    rollback = Rollback(plan.reads)
+    # mapped shards are verified before any target is written: nothing to put back
+    mapped = not shared and can_map(storage, sum(t.chunk.end - t.chunk.start for t in tasks))
+    rollback = Rollback([] if mapped else plan.reads)
+    reads = load_mapped if mapped else run_reads
     try:
-        _transfer(storage, tasks, threads, coord if together else None, shared, result)
+        _transfer(storage, tasks, threads, coord if together else None, shared, result, reads)
     except BaseException:
         rollback.restore()  # a failed load leaves the caller's tensors as they were
         raise
@@ -142,18 +146,20 @@ def _transfer(
     coord: Coordinator | None,
     shared: bool,
     result: LoadResult,
+    reads: Callable[[Storage, list[ReadTask], int], int],
 ) -> None:
-    """Move the bytes by one of the two transports; with several ranks, fail on all or none."""
+    """Move the bytes by one of the transports (read once and send, or ``reads`` on each
+    rank); with several ranks, fail on all or none."""
     if shared:  # agrees on the reads' outcome itself, before any byte moves
         stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
         result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
         return
     if coord is None:
-        result.bytes_read = run_reads(storage, tasks, threads)
+        result.bytes_read = reads(storage, tasks, threads)
         return
 
     def read_all() -> None:  # an error here is raised on every rank by the gather
-        result.bytes_read = run_reads(storage, tasks, threads)
+        result.bytes_read = reads(storage, tasks, threads)
 
     gather_or_raise(coord, read_all)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import errno
+import mmap
 import os
 import shutil
 import stat
@@ -173,6 +174,17 @@ class LocalStorage:
                         f"{self._full(path)}: file ends at byte {offset + got}, expected {offset + len(out)}"
                     )
                 got += n
+
+    def map_file(self, path: str) -> mmap.mmap:
+        """The file mapped into memory, private: the mapping is writable (torch and numpy
+        views want that) and no write ever reaches the file."""
+        with open(self._full(path), "rb") as f:
+            if os.fstat(f.fileno()).st_size == 0:
+                raise EOFError(f"{self._full(path)}: file is empty")
+            mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
+        if hasattr(mapped, "madvise"):
+            mapped.madvise(mmap.MADV_SEQUENTIAL)
+        return mapped
 
     def read_bytes(self, path: str, offset: int = 0, length: int | None = None) -> bytes:
         with open(self._full(path), "rb") as f:

@@ -1,0 +1,201 @@
+"""Loads from mapped local shards: verify every byte first, then copy; nothing to roll back.
+
+Reading chunks straight into the targets means a corrupt chunk is found after earlier ones
+were overwritten, so that transport keeps a copy of every target to put back (as much memory
+again as the state, and a copy of it). A shard on a local or parallel file system can be
+mapped instead: every chunk's checksums are checked on the mapped bytes (the page cache),
+and only when all pass are they copied into the targets. Two passes over the page cache cost
+less than the copy kept aside, and a failed load has touched no target.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import mmap
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from snapstate.engine.chunkread import (
+    ReadTask,
+    chunk_box,
+    reads_whole_chunk,
+    select,
+    task_itemsize,
+    verify,
+)
+from snapstate.engine.staging import bits_view, byte_view, copy_threads
+from snapstate.errors import CorruptCheckpointError
+from snapstate.format.dtypes import dtype_from_name
+from snapstate.planning.reshard import covering_span
+from snapstate.storage.base import Storage
+
+# A state larger than this fraction of the machine's memory is read the other way: two
+# passes over the page cache are only cheap while the shards stay in it.
+MAX_MEMORY_FRACTION = 0.25
+SPLIT_BYTES = 8 << 20
+PARALLEL_BYTES = 256 << 20
+
+
+def can_map(storage: Storage, nbytes: int) -> bool:
+    """Whether this backend maps its files (the class's own ``map_file``, as for readers in
+    ``engine/readorder.py``) and the bytes to load fit the page cache comfortably."""
+    cls = type(storage)
+    owner = next((c for c in cls.__mro__ if "map_file" in vars(c)), None)
+    reader = next((c for c in cls.__mro__ if "read_into" in vars(c)), None)
+    return owner is not None and owner is reader and nbytes <= _memory_bytes() * MAX_MEMORY_FRACTION
+
+
+def _memory_bytes() -> int:
+    try:
+        import psutil
+
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - psutil missing or unreadable /proc: be conservative
+        return 4 << 30
+
+
+@dataclass(frozen=True)
+class _Mapped:
+    """One task's stored bytes in a mapping: the whole chunk, or the span that covers it."""
+
+    task: ReadTask
+    data: memoryview
+    first_block: int
+    whole: bool  # the whole chunk into contiguous host memory: a plain byte copy
+    span_start: int = 0
+    row_start: int = 0
+
+
+def load_mapped(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
+    """Verify what every task needs, then copy it into its target; returns the bytes read."""
+    with _mappings(storage, {t.chunk.file for t in tasks}) as maps:
+        parts = [_locate(t, maps[t.chunk.file]) for t in tasks]
+        verifies, copies = _jobs(parts)
+        total = sum(len(p.data) for p in parts)
+        # More threads only pay on large states: on 2 cores they measured slower below
+        # hundreds of MB (they contend for the GIL between short jobs).
+        threads = min(threads, copy_threads()) if total >= PARALLEL_BYTES else 1
+        _in_parallel(verifies, threads)
+        with torch.no_grad():
+            _in_parallel(copies, threads)
+        del parts, verifies, copies  # the views go before the mappings close
+    return total
+
+
+def _jobs(parts: list[_Mapped]) -> tuple[list[Callable[[], None]], list[Callable[[], None]]]:
+    """One verify and one copy per part; whole chunks larger than SPLIT_BYTES in block-aligned
+    ranges, so that one large tensor still spreads over the threads."""
+    verifies: list[Callable[[], None]] = []
+    copies: list[Callable[[], None]] = []
+    for p in parts:
+        block = p.task.chunk.block_bytes
+        if p.whole and len(p.data) > SPLIT_BYTES:
+            step = max(block, SPLIT_BYTES // block * block)
+            for at in range(0, len(p.data), step):
+                verifies.append(functools.partial(_verify, p, at, at + step))
+                copies.append(functools.partial(_copy_whole, p, at, at + step))
+        else:
+            verifies.append(functools.partial(_verify, p, 0, len(p.data)))
+            copies.append(functools.partial(_copy, p))
+    return verifies, copies
+
+
+@contextmanager
+def _mappings(storage: Storage, files: set[str]) -> Iterator[dict[str, memoryview]]:
+    maps: dict[str, mmap.mmap] = {}
+    views: dict[str, memoryview] = {}
+    try:
+        backend: Any = storage
+        for file in sorted(files):
+            try:
+                maps[file] = backend.map_file(file)
+            except FileNotFoundError:
+                raise CorruptCheckpointError("shard file is missing", file=file) from None
+            except EOFError as exc:
+                raise CorruptCheckpointError(f"shard file is truncated: {exc}", file=file) from None
+            views[file] = memoryview(maps[file])
+        yield views
+    finally:
+        # On an error a traceback's frames may still hold views: then the mapping is
+        # unmapped when the last of them goes, not here.
+        for view in views.values():
+            with contextlib.suppress(BufferError):
+                view.release()
+        for m in maps.values():
+            with contextlib.suppress(BufferError):
+                m.close()
+
+
+def _locate(task: ReadTask, mapped: memoryview) -> _Mapped:
+    chunk = task.chunk
+    if len(mapped) < chunk.end:
+        raise CorruptCheckpointError(
+            f"shard file is truncated: it ends at byte {len(mapped)}, the chunk at {chunk.end}",
+            file=chunk.file,
+            key=task.key,
+        )
+    if reads_whole_chunk(task):
+        return _Mapped(task, mapped[chunk.start : chunk.end], 0, True)
+    span = covering_span(chunk_box(task), task.part, task_itemsize(task), chunk.block_bytes)
+    data = mapped[chunk.start + span.start : chunk.start + span.end]
+    return _Mapped(task, data, span.first_block, False, span.start, span.row_start)
+
+
+def _verify(part: _Mapped, begin: int, end: int) -> None:
+    """Blocks ``[begin, end)`` of the part's bytes (``begin`` on a block boundary)."""
+    first = part.first_block + begin // part.task.chunk.block_bytes
+    verify(part.data[begin:end], first, part.task.chunk, part.task.key)
+
+
+def _copy_whole(part: _Mapped, begin: int, end: int) -> None:
+    # numpy's copy releases the GIL: the ranges copy side by side
+    out = np.frombuffer(byte_view(part.task.target), dtype=np.uint8)[begin:end]
+    np.copyto(out, np.frombuffer(part.data, dtype=np.uint8)[begin:end])
+
+
+def _copy(part: _Mapped) -> None:
+    task = part.task
+    if not len(part.data):
+        return
+    if part.whole:
+        _copy_whole(part, 0, len(part.data))
+        return
+    dtype = dtype_from_name(task.record.dtype)
+    stored = torch.frombuffer(part.data, dtype=torch.uint8)
+    piece = select(
+        stored,
+        part.span_start,
+        part.row_start,
+        chunk_box(task),
+        task.part,
+        dtype,
+        task_itemsize(task),
+    )
+    bits_view(task.target).copy_(bits_view(piece))
+
+
+def _in_parallel(jobs: list[Callable[[], None]], threads: int) -> None:
+    """Run ``jobs`` on up to ``threads`` threads, dealt round-robin; the first error wins."""
+    if threads <= 1 or len(jobs) <= 1:
+        for job in jobs:
+            job()
+        return
+    batches = [jobs[i::threads] for i in range(threads)]
+    with ThreadPoolExecutor(threads, thread_name_prefix="snapstate-mapped") as pool:
+        futures = [pool.submit(_run_all, b) for b in batches if b]
+        errors = [f.exception() for f in futures]
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+
+
+def _run_all(jobs: list[Callable[[], None]]) -> None:
+    for job in jobs:
+        job()
