@@ -37,6 +37,7 @@ RATIOS: list[tuple[str, str, float | None]] = [
     ("ss.async_save blocking", "dcp.async_save blocking", 0.6),
     ("ss.async_save blocking", "torch.save+fsync", None),
     ("ss.save", "torch.save+fsync", 0.8),
+    ("ss.save", "raw write+fsync", None),  # the disk's floor for these bytes
     ("ss.save", "dcp.save", None),
     ("ss.load", "torch.load", 1.0),
     ("ss.load", "dcp.load", None),
@@ -46,6 +47,7 @@ BIG_LIMITS = {
     ("ss.async_save blocking", "copy into allocated"): 1.5,
     ("ss.async_save blocking", "dcp.async_save blocking"): None,
     ("ss.save", "torch.save+fsync"): None,
+    ("ss.save", "raw write+fsync"): None,
     ("ss.load", "torch.load"): None,
 }
 KEEP = {name for pair in RATIOS for name in pair[:2]}

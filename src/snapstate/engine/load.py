@@ -106,9 +106,8 @@ def load_into(
     # mapped shards are verified before any target is written: nothing to put back
     mapped = not shared and can_map(storage, sum(t.chunk.end - t.chunk.start for t in tasks))
     rollback = Rollback([] if mapped else plan.reads)
-    reads = load_mapped if mapped else run_reads
     try:
-        _transfer(storage, tasks, threads, coord if together else None, shared, result, reads)
+        _transfer(storage, tasks, threads, coord if together else None, shared, result, mapped)
     except BaseException:
         rollback.restore()  # a failed load leaves the caller's tensors as they were
         raise
@@ -146,20 +145,27 @@ def _transfer(
     coord: Coordinator | None,
     shared: bool,
     result: LoadResult,
-    reads: Callable[[Storage, list[ReadTask], int], int],
+    mapped: bool,
 ) -> None:
-    """Move the bytes by one of the transports (read once and send, or ``reads`` on each
-    rank); with several ranks, fail on all or none."""
+    """Move the bytes by one of the transports (read once and send, mapped, or read in
+    place); with several ranks, fail on all or none."""
     if shared:  # agrees on the reads' outcome itself, before any byte moves
         stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
         result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
         return
+    if mapped:  # every rank's checks pass (a gather) before any rank writes a target
+
+        def agree(check: Callable[[], None]) -> None:
+            gather_or_raise(coord, check)  # type: ignore[arg-type]
+
+        result.bytes_read = load_mapped(storage, tasks, threads, agree if coord else None)
+        return
     if coord is None:
-        result.bytes_read = reads(storage, tasks, threads)
+        result.bytes_read = run_reads(storage, tasks, threads)
         return
 
     def read_all() -> None:  # an error here is raised on every rank by the gather
-        result.bytes_read = reads(storage, tasks, threads)
+        result.bytes_read = run_reads(storage, tasks, threads)
 
     gather_or_raise(coord, read_all)
 

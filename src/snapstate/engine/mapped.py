@@ -73,8 +73,17 @@ class _Mapped:
     row_start: int = 0
 
 
-def load_mapped(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
-    """Verify what every task needs, then copy it into its target; returns the bytes read."""
+def load_mapped(
+    storage: Storage,
+    tasks: list[ReadTask],
+    threads: int,
+    agree: Callable[[Callable[[], None]], None] | None = None,
+) -> int:
+    """Verify what every task needs, then copy it into its target; returns the bytes read.
+
+    ``agree(check)`` runs the checks as a collective (with several ranks: every rank's checks
+    pass, or it raises on every rank), so that no rank writes a target unless all can.
+    """
     with _mappings(storage, {t.chunk.file for t in tasks}) as maps:
         parts = [_locate(t, maps[t.chunk.file]) for t in tasks]
         verifies, copies = _jobs(parts)
@@ -82,10 +91,14 @@ def load_mapped(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
         # More threads only pay on large states: on 2 cores they measured slower below
         # hundreds of MB (they contend for the GIL between short jobs).
         threads = min(threads, copy_threads()) if total >= PARALLEL_BYTES else 1
-        _in_parallel(verifies, threads)
+        check = functools.partial(_in_parallel, verifies, threads)
+        if agree is None:
+            check()
+        else:
+            agree(check)
         with torch.no_grad():
             _in_parallel(copies, threads)
-        del parts, verifies, copies  # the views go before the mappings close
+        del parts, verifies, copies, check  # the views go before the mappings close
     return total
 
 
