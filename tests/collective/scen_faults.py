@@ -99,12 +99,23 @@ def perturbed_replica_rotating(rank: int, world: int, args: dict[str, Any]) -> d
     """The default check (one rotating witness per chunk) catches a diverged replica within
     holders - 1 saves; the saves before it that pass are real, committed checkpoints."""
     state = {"model": values(1)}
-    ss.save(state, args["path"] + "-before")
+    mode = args.get("mode", "blocking")
+    # async: the witnessed chunks are staged (in runs; in pieces when a piece is smaller)
+    options = ss.SaveOptions(piece_bytes=32 << 10) if mode == "async-pieces" else None
+    pool = ss.HostBufferPool(slab_bytes=32 << 10 if options else 64 << 20)
+
+    def save(path: str) -> None:
+        if mode == "blocking":
+            ss.save(state, path)
+        else:
+            ss.async_save(state, path, pool=pool, options=options).wait()
+
+    save(args["path"] + "-before")
     if rank == args["odd"]:
         state["model"]["w"][17, 3] += 1e-3
     for attempt in range(world - 1):
         try:
-            ss.save(state, f"{args['path']}-{attempt}")
+            save(f"{args['path']}-{attempt}")
         except ss.ReplicaMismatchError as exc:
             return {"caught_at": attempt, "error": str(exc)}
     return {"caught_at": None, "error": None}

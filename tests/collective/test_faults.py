@@ -75,11 +75,14 @@ def test_perturbed_replica_is_caught(ranks: RankServer, tmp_path: Path, world: i
     assert ss.inspect(str(tmp_path / "ckpt-unchecked")).world_size == world
 
 
-@pytest.mark.parametrize("world", [2, 3])
+@pytest.mark.parametrize(
+    ("world", "mode"),
+    [(2, "blocking"), (3, "blocking"), (3, "async-runs"), (2, "async-pieces")],
+)
 def test_rotating_witness_catches_a_diverged_replica_within_holders_minus_one_saves(
-    ranks: RankServer, tmp_path: Path, world: int
+    ranks: RankServer, tmp_path: Path, world: int, mode: str
 ) -> None:
-    args = {"path": str(tmp_path / "ckpt"), "odd": 1}
+    args = {"path": str(tmp_path / "ckpt"), "odd": 1, "mode": mode}
     results = ranks.run(
         "collective.scen_faults:perturbed_replica_rotating", world, args, tmp_path / "job"
     ).check()

@@ -147,3 +147,28 @@ def test_a_failed_run_copy_gives_its_slab_back(
     monkeypatch.undo()
     ss.async_save(state, tmp_path / "good", pool=pool).wait()
     assert_holds(tmp_path / "good", state)
+
+
+def test_witnessed_chunks_are_packed_into_runs_aligned_to_their_itemsize() -> None:
+    from snapstate.engine.stageplan import witness_steps
+
+    state = {
+        "a": torch.zeros(3, dtype=torch.int8),  # 3 bytes: the next chunk starts at 8
+        "b": torch.zeros(2, dtype=torch.float64),
+        "big": torch.zeros(3 * MiB // 4),  # 3 MiB: more than the pieces below
+        "c": torch.zeros(5, dtype=torch.int16),
+    }
+    items = [p.item for f in rank_plan(state).files for p in f.items]
+    by_key = {i.key: i for i in items}
+    chosen = [by_key["a"], by_key["b"], by_key["big"], by_key["c"]]
+    steps = witness_steps(chosen, piece_bytes=MiB)
+    assert witness_steps(chosen, piece_bytes=MiB) is steps  # the same set again: kept
+    kinds = [
+        (type(s).__name__, [p.item.key for p in (s.placed if isinstance(s, Run) else (s.placed,))])
+        for s in steps
+    ]
+    assert kinds == [("Single", ["big"]), ("Run", ["a", "b", "c"])]
+    run = steps[1]
+    assert isinstance(run, Run)
+    assert run.layout.offsets == (0, 8, 24) and run.layout.nbytes == 34
+    assert run.keys == ("a", "b", "c")

@@ -66,21 +66,30 @@ class WitnessHasher:
     once; a blocking save hashes straight from memory while its own writes run.
     """
 
-    def __init__(self, block_bytes: int) -> None:
+    def __init__(self, block_bytes: int, hold: bool = False) -> None:
         self.block_bytes = block_bytes
         self.digests: dict[str, tuple[str, ...]] = {}
         self.seconds = 0.0
         self._error: BaseException | None = None
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="snapstate-witness", daemon=True)
-        self._thread.start()
+        # An async save holds the hashing until its staging ends (``close``): on a few cores
+        # the hashes would slow the copies that training waits for.
+        if not hold:
+            self._thread.start()
 
     def submit(self, name: str, data: StagedBytes | torch.Tensor, last: bool) -> None:
         """Bytes of chunk ``name``, in order: staged (async) or a tensor in memory (blocking)."""
-        self._jobs.put((name, data, last))
+        self._jobs.put((((name, 0, None, last),), data))
+
+    def submit_run(self, parts: list[tuple[str, int, int]], staged: StagedBytes) -> None:
+        """Whole chunks staged together: (name, first byte, end byte) of each in ``staged``."""
+        self._jobs.put((tuple((n, b, e, True) for n, b, e in parts), staged))
 
     def close(self) -> None:
         self._jobs.put(None)
+        if self._thread.ident is None:
+            self._thread.start()
 
     def result(self) -> dict[str, tuple[str, ...]]:
         self._thread.join()
@@ -92,13 +101,15 @@ class WitnessHasher:
         started = time.perf_counter()
         hashers: dict[str, BlockHasher] = {}
         while (job := self._jobs.get()) is not None:
-            name, data, last = job
+            parts, data = job
             try:
                 if self._error is None:
-                    hasher = hashers.setdefault(name, BlockHasher(self.block_bytes))
-                    hasher.update(_bytes_of(data))
-                    if last:
-                        self.digests[name] = tuple(hashers.pop(name).finish())
+                    whole = _bytes_of(data)
+                    for name, begin, end, last in parts:
+                        hasher = hashers.setdefault(name, BlockHasher(self.block_bytes))
+                        hasher.update(whole[begin:end])
+                        if last:
+                            self.digests[name] = tuple(hashers.pop(name).finish())
             except BaseException as exc:  # noqa: BLE001 - raised by result()
                 self._error = self._error or exc
             finally:

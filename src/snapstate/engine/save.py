@@ -23,7 +23,7 @@ from snapstate.engine.commit import (
 )
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
-from snapstate.engine.stageplan import Run, Single, make_run, stage_steps
+from snapstate.engine.stageplan import Run, Single, make_run, stage_steps, witness_steps
 from snapstate.engine.staging import (
     DEFAULT_SLAB_BYTES,
     SMALL_CHUNK_BYTES,
@@ -39,7 +39,7 @@ from snapstate.planning.layout import PlanOptions
 from snapstate.planning.replicas import witnessed_by
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
-from snapstate.state.views import row_pieces
+from snapstate.state.views import StagedBytes, row_pieces
 from snapstate.storage.base import Storage
 
 
@@ -154,6 +154,10 @@ class SaveJob:
         """Flatten the state, exchange metadata and agree on the plan (cached while unchanged)."""
 
         def local() -> tuple[FlatState, list[ItemMeta]]:
+            if self.coord.rank == 0 and not self.options.overwrite:
+                # before this rank's offer: no rank writes before every offer is in, and
+                # without overwrite the clearing removes only an unfinished save's leftovers
+                _clear_target(self.storage, overwrite=False)
             flat = flatten_state(self.state)
             if unchecked := self.options.unchecked_replicas:  # written from rank 0, unchecked
                 flat.rank0_keys.update(k for k in flat.tensors if under_any(k, unchecked))
@@ -167,10 +171,15 @@ class SaveJob:
     def clear_target(self) -> None:
         """Rank 0 refuses a committed target (unless overwriting) and removes leftovers.
 
-        Only once the plan is agreed, so an unsaveable state on any rank uncommits nothing;
-        every rank waits for it (a gather), so no rank writes a shard rank 0 then removes.
+        Without ``overwrite`` this was done within ``agree``, before rank 0's offer: it removes
+        nothing committed, and the exchange is the gather that orders it before any write.
+        Overwriting waits until the plan is agreed, so that an unsaveable state on any rank
+        uncommits nothing; every rank waits for it (a gather), so no rank writes a shard rank 0
+        then removes.
         """
         storage, overwrite = self.storage, self.options.overwrite
+        if not overwrite:
+            return
 
         def clear() -> None:
             if self.coord.rank == 0:
@@ -260,19 +269,17 @@ class SaveJob:
         items = witnessed_by(
             agreed.witness, self.coord.rank, agreed.turn, options.replica_witnesses
         )
-        self.hasher = WitnessHasher(options.block_bytes)
+        blocking = self.mode is SaveMode.BLOCKING
+        hasher = self.hasher = WitnessHasher(options.block_bytes, hold=not blocking)
         try:
             with torch.no_grad():
-                for item in items:
-                    view = _source(agreed.flat, item)
-                    if self.mode is SaveMode.BLOCKING:  # hashed from memory while we write
-                        self.hasher.submit(item.name, view, last=True)
-                        continue
-                    pieces = list(row_pieces(view, self._piece_bytes()))
-                    for i, (_, rows) in enumerate(pieces):
-                        self.hasher.submit(item.name, stager.stage(rows), i == len(pieces) - 1)
+                if blocking:  # hashed from memory while we write
+                    for item in items:
+                        hasher.submit(item.name, _source(agreed.flat, item), last=True)
+                    return
+                _stage_witness_copies(agreed.flat, items, hasher, stager, self._piece_bytes())
         finally:
-            self.hasher.close()
+            hasher.close()
 
     def _piece_bytes(self) -> int:
         # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
@@ -412,6 +419,29 @@ def _stage_single(
         writer.submit_run(run.parts, stager.stage_run([view], run.layout))
     else:
         _stage_pieces(placed, view, writer, stager, piece_bytes)
+
+
+def _stage_witness_copies(
+    flat: FlatState, items: list[WriteItem], hasher: WitnessHasher, stager: Stager, piece_bytes: int
+) -> None:
+    """Snapshot the witnessed chunks like the written ones: runs by batched copies, the rest
+    in pieces; the hasher hashes them once staging ends."""
+    for step in witness_steps(items, piece_bytes):
+        if isinstance(step, Run):
+            views = _run_sources(flat, step)
+            if step.batchable and stager.runnable(views):
+                parts = [(p.item.name, begin, end) for p, begin, end, _ in step.parts]
+                staged = stager.stage_run(views, step.layout)
+                assert isinstance(staged, StagedBytes)  # an async save copies what it stages
+                hasher.submit_run(parts, staged)
+                continue
+            chunks = list(zip(step.placed, views))
+        else:
+            chunks = [(step.placed, _source(flat, step.placed.item))]
+        for placed, view in chunks:
+            pieces = list(row_pieces(view, piece_bytes))
+            for i, (_, rows) in enumerate(pieces):
+                hasher.submit(placed.item.name, stager.stage(rows), i == len(pieces) - 1)
 
 
 def _source(flat: FlatState, item: WriteItem) -> torch.Tensor:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from snapstate.format.dtypes import dtype_from_name
-from snapstate.planning.items import PlacedItem, Placement, RankPlan
+from snapstate.planning.items import PlacedItem, Placement, RankPlan, WriteItem
 
 # Dtypes whose copy kernels copy bits as they are (others go through an integer view: a
 # bool's copy would turn a byte of 2 into 1).
@@ -143,3 +143,44 @@ def make_run(placed: list[PlacedItem]) -> Run:
 def _is_whole(placed: PlacedItem) -> bool:
     item = placed.item
     return tuple(item.box.sizes) == tuple(item.shape) and not any(item.box.offsets)
+
+
+# The chunks a rank witnesses (hashes for their writers) are in no file of its own: their
+# runs are ranges of staging memory only, and their places carry this file name.
+WITNESS_FILE = ""
+# (ids of the witnessed items) -> (the items, {piece_bytes: steps}); the items are held so
+# that their ids stay their own
+_witness_cache: dict[tuple[int, ...], tuple[list[WriteItem], dict[int, list[Step]]]] = {}
+
+
+def witness_steps(items: list[WriteItem], piece_bytes: int) -> list[Step]:
+    """The chunks this rank witnesses in a save, packed into runs that fit ``piece_bytes``
+    (larger ones alone). Built once per witnessed set: it repeats as the turns rotate."""
+    key = tuple(map(id, items))
+    with _lock:
+        known = _witness_cache.get(key)
+        if known is None or any(a is not b for a, b in zip(known[0], items)):
+            if len(_witness_cache) >= 64:  # sets of earlier plans
+                _witness_cache.clear()
+            known = _witness_cache[key] = (list(items), {})
+        steps = known[1].get(piece_bytes)
+        if steps is None:
+            steps = known[1][piece_bytes] = _make_witness_steps(items, piece_bytes)
+        return steps
+
+
+def _make_witness_steps(items: list[WriteItem], piece_bytes: int) -> list[Step]:
+    steps: list[Step] = []
+    run: list[PlacedItem] = []
+    for item in items:
+        if not 0 < item.nbytes <= piece_bytes:
+            steps.append(Single(PlacedItem(item, WITNESS_FILE, 0)))
+            continue
+        start = -(-run[-1].end // item.itemsize) * item.itemsize if run else 0
+        if run and start + item.nbytes > piece_bytes:
+            steps.append(make_run(run))
+            run, start = [], 0
+        run.append(PlacedItem(item, WITNESS_FILE, start))
+    if run:
+        steps.append(make_run(run))
+    return steps
