@@ -17,7 +17,7 @@ from snapstate.engine.stageplan import Run, Single, stage_steps
 from snapstate.planning.items import RankPlan
 from snapstate.planning.layout import plan_save
 from snapstate.state.dtensor import item_meta
-from support.bits import assert_bitwise_equal
+from support.bits import assert_bitwise_equal, bits
 from support.states import blank_like
 from support.tensors import random_tensor
 
@@ -69,13 +69,20 @@ def test_steps_are_built_once_per_plan_and_sizes() -> None:
     assert stage_steps(plan, 8 * MiB, MiB) is not stage_steps(plan, 8 * MiB, 8 * MiB)
 
 
-def test_a_run_mixing_rank_local_chunks_or_bool_is_marked_for_the_slow_path() -> None:
-    state = {"x": torch.zeros(4), "flags": torch.zeros(8, dtype=torch.bool), "rl": torch.zeros(3)}
+def test_a_run_mixing_rank_local_chunks_takes_views_and_copies_bool_as_bytes() -> None:
+    state = {
+        "x": torch.zeros(4),
+        "flags": torch.zeros(8, dtype=torch.bool),
+        "u": torch.zeros(3, dtype=torch.uint32),  # numpy's RNG state is one
+        "rl": torch.zeros(3),
+    }
     steps = stage_steps(rank_plan(state, local=("rl",)), 8 * MiB, MiB)
     (run,) = steps
     assert isinstance(run, Run)
     assert run.keys is None  # two dicts: views are taken chunk by chunk
-    assert not run.batchable  # bool has no bitwise batched copy
+    assert run.batchable  # every dtype has a batched copy, as itself or as an integer
+    retyped = {run.placed[i].item.key: run.layout.dtypes[i] for i in run.retyped}
+    assert retyped == {"flags": torch.uint8, "u": torch.int32}
 
 
 def test_split_cuts_a_run_into_spans_of_about_equal_bytes() -> None:
@@ -98,6 +105,8 @@ def mixed_state(seed: int) -> dict[str, torch.Tensor]:
         half=random_tensor(torch.float16, (300, 7), seed=seed + 10),
         bf=random_tensor(torch.bfloat16, (33,), seed=seed + 11),
         flags=torch.arange(17) % (seed + 2) == 0,
+        odd_bools=torch.tensor([2, 0, 7], dtype=torch.uint8).view(torch.bool),  # bytes kept
+        u32=torch.arange(9, dtype=torch.int32).view(torch.uint32),
         ids=random_tensor(torch.int64, (5, 3), seed=seed + 13),
         step=torch.tensor(float(seed)),
         empty=torch.zeros(0, 4),
@@ -120,7 +129,7 @@ def test_async_saves_of_a_cached_plan_stage_each_saves_values(tmp_path: Path) ->
     pool = ss.HostBufferPool()
     for i in range(3):
         state = mixed_state(i)  # new tensors, same structure: the plan is reused
-        expected = {k: v.clone() for k, v in state.items()}
+        expected = {k: bits(v).clone().view(v.dtype) for k, v in state.items()}  # bytes kept
         handle = ss.async_save(state, tmp_path / f"s{i}", pool=pool)
         for t in state.values():
             t.zero_()  # the training step right after the call

@@ -23,7 +23,7 @@ from snapstate.engine.commit import (
 )
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
-from snapstate.engine.stageplan import Run, Single, make_run, stage_steps, witness_steps
+from snapstate.engine.stageplan import Run, Single, single_run, stage_steps, witness_steps
 from snapstate.engine.staging import (
     DEFAULT_SLAB_BYTES,
     SMALL_CHUNK_BYTES,
@@ -400,13 +400,19 @@ def _stage_all(
 
 
 def _run_sources(flat: FlatState, run: Run) -> list[torch.Tensor]:
-    """The run's tensors: looked up by key while they are whole plain tensors (the common case)."""
+    """The run's tensors as it copies them: looked up by key while they are whole plain
+    tensors (the common case), retyped where the run copies their bits as integers."""
+    views: list[torch.Tensor] | None = None
     if run.keys is not None:
         tensors = flat.rank_local_tensors if run.rank_local else flat.tensors
         views = [tensors[k] for k in run.keys]
-        if all(type(v) is torch.Tensor or type(v) is torch.nn.Parameter for v in views):
-            return views
-    return [_source(flat, p.item) for p in run.placed]
+        if not all(type(v) is torch.Tensor or type(v) is torch.nn.Parameter for v in views):
+            views = None
+    if views is None:
+        views = [_source(flat, p.item) for p in run.placed]
+    for i in run.retyped:
+        views[i] = views[i].view(run.layout.dtypes[i])
+    return views
 
 
 def _stage_single(
@@ -415,7 +421,7 @@ def _stage_single(
     """One chunk alone: a run of one when it is small and plain, else in pieces."""
     small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
     if small and stager.batchable(view):
-        run = make_run([placed])
+        run = single_run(placed)
         writer.submit_run(run.parts, stager.stage_run([view], run.layout))
     else:
         _stage_pieces(placed, view, writer, stager, piece_bytes)

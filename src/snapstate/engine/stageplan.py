@@ -57,14 +57,17 @@ class Run:
     """Consecutive chunks of one file, staged by one batched copy into one range.
 
     ``keys`` is set when every chunk is a whole tensor of one dict (``rank_local`` says which):
-    a save then takes the tensors by key instead of slicing views.
+    a save then takes the tensors by key instead of slicing views. A chunk whose dtype has no
+    bitwise batched copy (bool, uint32, float8...) is copied as the integer of its size: its
+    index is in ``retyped`` and ``layout.dtypes`` holds that integer type.
     """
 
     placed: tuple[PlacedItem, ...]
     layout: RunLayout
-    batchable: bool  # every dtype copies bitwise in a batched copy
+    batchable: bool  # every chunk has a bitwise batched copy (as itself or retyped)
     keys: tuple[str, ...] | None
     rank_local: bool
+    retyped: tuple[int, ...]
     # what the writer records per chunk: (chunk, first byte, end byte in the run, last part)
     parts: tuple[tuple[PlacedItem, int, int, bool], ...]
 
@@ -119,12 +122,21 @@ def _make_steps(rank_plan: RankPlan, piece_bytes: int, run_chunk_bytes: int) -> 
     return steps
 
 
+_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def copy_dtype(dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype a batched copy moves this one's bits as (None: no batched copy)."""
+    return dtype if dtype in BATCH_DTYPES else _SAME_SIZE_INTS.get(dtype.itemsize)
+
+
 def make_run(placed: list[PlacedItem]) -> Run:
     base = placed[0].start
-    dtypes = tuple(dtype_from_name(p.item.dtype) for p in placed)
+    dtypes = [dtype_from_name(p.item.dtype) for p in placed]
+    copies = [copy_dtype(d) for d in dtypes]
     layout = RunLayout(
         offsets=tuple(p.start - base for p in placed),
-        dtypes=dtypes,
+        dtypes=tuple(c or d for c, d in zip(copies, dtypes)),
         shapes=tuple(tuple(p.item.box.sizes) for p in placed),
         nbytes=placed[-1].end - base,
     )
@@ -133,11 +145,27 @@ def make_run(placed: list[PlacedItem]) -> Run:
     return Run(
         placed=tuple(placed),
         layout=layout,
-        batchable=all(d in BATCH_DTYPES for d in dtypes),
+        batchable=None not in copies,
         keys=tuple(p.item.key for p in placed) if whole else None,
         rank_local=local == {True},
+        retyped=tuple(i for i, (c, d) in enumerate(zip(copies, dtypes)) if c is not d),
         parts=tuple((p, p.start - base, p.end - base, True) for p in placed),
     )
+
+
+# placed chunk id -> (the chunk, its run of one); the chunk is held so that its id stays its own
+_single_runs: dict[int, tuple[PlacedItem, Run]] = {}
+
+
+def single_run(placed: PlacedItem) -> Run:
+    """A run of this one chunk, built once (a save stages it again and again)."""
+    with _lock:
+        known = _single_runs.get(id(placed))
+        if known is None or known[0] is not placed:
+            if len(_single_runs) >= 1 << 14:
+                _single_runs.clear()
+            known = _single_runs[id(placed)] = (placed, make_run([placed]))
+        return known[1]
 
 
 def _is_whole(placed: PlacedItem) -> bool:

@@ -185,11 +185,17 @@ _copiers_lock = threading.Lock()
 
 
 def copy_threads() -> int:
+    """This process's share of the cores (ranks on one host share them: torchrun's
+    LOCAL_WORLD_SIZE), at most 8."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         cores = os.cpu_count() or 1
-    return max(1, min(8, cores))
+    try:
+        local = max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    except ValueError:
+        local = 1
+    return max(1, min(8, cores // local))
 
 
 def _copier_pool() -> ThreadPoolExecutor:
