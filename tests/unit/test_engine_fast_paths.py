@@ -256,3 +256,15 @@ def test_a_short_vectored_read_is_finished_and_a_cut_off_file_names_its_chunk(
     with pytest.raises(ss.CorruptCheckpointError, match="truncated") as info:
         ss.load(blank_like(state), tmp_path / "ckpt")
     assert info.value.key == last.name.split("@")[0]
+
+
+def test_ranks_on_one_host_share_its_cores_for_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
+    alone = staging.copy_threads()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 2))  # more ranks than cores here
+    assert staging.copy_threads() == 1 <= alone == min(8, cores)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert staging.copy_threads() == alone
