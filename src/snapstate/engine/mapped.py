@@ -2,10 +2,11 @@
 
 Reading chunks straight into the targets means a corrupt chunk is found after earlier ones
 were overwritten, so that transport keeps a copy of every target to put back (as much memory
-again as the state, and a copy of it). A shard on a local or parallel file system can be
-mapped instead: every chunk's checksums are checked on the mapped bytes (the page cache),
-and only when all pass are they copied into the targets. Two passes over the page cache cost
-less than the copy kept aside, and a failed load has touched no target.
+again as the state, and a copy of it). A shard on a local or parallel file system is read
+twice instead: every needed block is read into scratch memory and its checksum checked, and
+only when all pass are the bytes copied into the targets from the mapped shard, whose pages
+the first read left in the page cache. Two passes over the page cache cost less than the
+copy kept aside, and a failed load has touched no target.
 """
 
 from __future__ import annotations
