@@ -32,12 +32,12 @@ from snapstate.engine.chunkread import (
     task_itemsize,
     verify,
 )
-from snapstate.engine.readorder import FileReader, open_reader
-from snapstate.engine.staging import bits_view, byte_view, copy_threads
+from snapstate.engine.readorder import FileReader, open_reader, read_from
+from snapstate.engine.staging import bits_view, byte_view, copy_threads, host_memory_bytes
 from snapstate.errors import CorruptCheckpointError
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.planning.reshard import covering_span
-from snapstate.storage.base import Storage
+from snapstate.storage.base import Storage, defines_with
 
 # A state larger than this fraction of the machine's memory is read the other way: two
 # passes over the page cache are only cheap while the shards stay in it.
@@ -47,21 +47,10 @@ PARALLEL_BYTES = 256 << 20
 
 
 def can_map(storage: Storage, nbytes: int) -> bool:
-    """Whether this backend maps its files (the class's own ``map_file``, as for readers in
-    ``engine/readorder.py``) and the bytes to load fit the page cache comfortably."""
-    cls = type(storage)
-    owner = next((c for c in cls.__mro__ if "map_file" in vars(c)), None)
-    reader = next((c for c in cls.__mro__ if "read_into" in vars(c)), None)
-    return owner is not None and owner is reader and nbytes <= _memory_bytes() * MAX_MEMORY_FRACTION
-
-
-def _memory_bytes() -> int:
-    try:
-        import psutil
-
-        return int(psutil.virtual_memory().total)
-    except Exception:  # noqa: BLE001 - psutil missing or unreadable /proc: be conservative
-        return 4 << 30
+    """Whether this backend maps its files (the class's own ``map_file``, see ``defines_with``)
+    and the bytes to load fit the page cache comfortably."""
+    memory = host_memory_bytes() or 4 << 30  # unknown: be conservative
+    return defines_with(storage, "map_file", "read_into") and nbytes <= memory * MAX_MEMORY_FRACTION
 
 
 @dataclass(frozen=True)
@@ -198,12 +187,7 @@ def _verify(readers: dict[str, FileReader], part: _Mapped, begin: int, end: int)
         _scratch.buffer = buffer
     view = memoryview(buffer)[:n]
     chunk = part.task.chunk
-    try:
-        readers[chunk.file].read_into(part.offset + begin, view)
-    except EOFError as exc:
-        raise CorruptCheckpointError(
-            f"shard file is truncated: {exc}", file=chunk.file, key=part.task.key
-        ) from None
+    read_from(readers[chunk.file], chunk.file, part.offset + begin, view, part.task.key)
     verify(view, part.first_block + begin // chunk.block_bytes, chunk, part.task.key)
 
 

@@ -18,7 +18,7 @@ from snapstate.errors import CheckpointError, CheckpointIOError
 from snapstate.format.integrity import BlockHasher
 from snapstate.planning.items import PlacedItem, RankPlan
 from snapstate.state.views import GatheredBytes
-from snapstate.storage.base import FileWriter, Storage
+from snapstate.storage.base import FileWriter, Storage, defines_with
 
 _STOP = object()
 _io_errors: dict[type[OSError], type[CheckpointIOError]] = {}
@@ -54,20 +54,13 @@ def write_gathered(writer: FileWriter, buffers: tuple[memoryview, ...], at: int)
     A wrapper or subclass that changes ``write_at`` (to count or inject faults) gets every
     write through it, as ``engine/readorder.py`` does for reads.
     """
-    cls = type(writer)
-    if _defined_in(cls, "write_many") is not None and _defined_in(cls, "write_many") is _defined_in(
-        cls, "write_at"
-    ):
+    if defines_with(writer, "write_many", "write_at"):
         return writer.write_many(buffers, at)  # type: ignore[attr-defined, no-any-return]
     offset = at
     for buffer in buffers:
         writer.write_at(buffer, offset)
         offset += len(buffer)
     return offset - at
-
-
-def _defined_in(cls: type, name: str) -> type | None:
-    return next((c for c in cls.__mro__ if name in vars(c)), None)
 
 
 @dataclass(frozen=True)

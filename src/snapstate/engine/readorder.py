@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from snapstate.errors import CorruptCheckpointError
-from snapstate.storage.base import Storage
+from snapstate.state.views import with_gaps
+from snapstate.storage.base import Storage, defines_with
 
 
 class FileReader(Protocol):
@@ -63,16 +64,10 @@ def open_reader(storage: Storage, path: str) -> FileReader:
     A wrapper (delegating ``__getattr__``) or a subclass that changes ``read_into`` (to count
     or to inject faults) must see every read, so it gets reads through ``read_into``.
     """
-    cls = type(storage)
-    owner = _defined_in(cls, "open_reader")
-    if owner is not None and owner is _defined_in(cls, "read_into"):
+    if defines_with(storage, "open_reader", "read_into"):
         backend: Any = storage
         return backend.open_reader(path)  # type: ignore[no-any-return]
     return _PerCallReader(storage, path)
-
-
-def _defined_in(cls: type, name: str) -> type | None:
-    return next((c for c in cls.__mro__ if name in vars(c)), None)
 
 
 def read_in_file_order(storage: Storage, reads: list[DirectRead], threads: int) -> int:
@@ -145,14 +140,13 @@ def _read_batch(reader: FileReader, batch: list[DirectRead]) -> None:
         for r in batch:
             _read_one(reader, r)
         return
-    buffers: list[memoryview] = []
-    end = batch[0].offset
-    for r in batch:
-        if r.offset > end:
-            buffers.append(memoryview(bytearray(r.offset - end)))  # the gap, read and dropped
-        if len(r.out):  # an empty tensor's view is read-only (and has nothing to read)
-            buffers.append(r.out)
-        end = max(end, r.offset + len(r.out))
+    base = batch[0].offset
+    buffers = with_gaps(  # each gap read into scratch memory and dropped
+        [r.out for r in batch],
+        [r.offset - base for r in batch],
+        0,
+        lambda n: memoryview(bytearray(n)),
+    )
     try:
         read_many(batch[0].offset, buffers)
     except (EOFError, FileNotFoundError):
@@ -167,11 +161,17 @@ def _check_all(batch: list[DirectRead]) -> None:
 
 
 def _read_one(reader: FileReader, r: DirectRead) -> None:
+    read_from(reader, r.file, r.offset, r.out, r.key)
+
+
+def read_from(reader: FileReader, file: str, offset: int, out: memoryview, key: str) -> None:
+    """Fill ``out`` from ``offset``; a missing or cut-off shard is a CorruptCheckpointError
+    naming the file and the key read."""
     try:
-        reader.read_into(r.offset, r.out)
+        reader.read_into(offset, out)
     except FileNotFoundError:
-        raise CorruptCheckpointError("shard file is missing", file=r.file, key=r.key) from None
+        raise CorruptCheckpointError("shard file is missing", file=file, key=key) from None
     except EOFError as exc:
         raise CorruptCheckpointError(
-            f"shard file is truncated: {exc}", file=r.file, key=r.key
+            f"shard file is truncated: {exc}", file=file, key=key
         ) from None

@@ -37,13 +37,21 @@ SMALL_CHUNK_BYTES = 1 << 20
 PARALLEL_RUN_BYTES = 4 << 20
 
 
-def default_budget() -> int:
+def host_memory_bytes() -> int | None:
+    """The machine's memory, or None when it cannot be read (psutil missing, no /proc)."""
     try:
         import psutil
 
-        return max(DEFAULT_SLAB_BYTES, int(psutil.virtual_memory().total * 0.25))
-    except Exception:  # noqa: BLE001 - psutil missing or unreadable /proc: a fixed fallback
-        return 8 << 30
+        return int(psutil.virtual_memory().total)
+    except Exception:  # noqa: BLE001 - the callers have their own fallbacks
+        return None
+
+
+def default_budget() -> int:
+    total = host_memory_bytes()
+    if total is None:
+        return 8 << 30  # a fixed fallback
+    return max(DEFAULT_SLAB_BYTES, int(total * 0.25))
 
 
 class Slab:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -10,10 +10,15 @@ import torch
 _SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
 
 
+def same_size_int(itemsize: int) -> torch.dtype | None:
+    """The integer dtype of this itemsize, if torch has one."""
+    return _SAME_SIZE_INTS.get(itemsize)
+
+
 def bits_view(t: torch.Tensor) -> torch.Tensor:
     """The same memory as an integer dtype of the same itemsize: copies stay bitwise and work
     for dtypes without copy kernels (int1..uint7 cannot be copied when non-contiguous)."""
-    int_dtype = _SAME_SIZE_INTS.get(t.element_size())
+    int_dtype = same_size_int(t.element_size())
     return t.view(int_dtype) if int_dtype is not None and t.dtype != int_dtype else t
 
 
@@ -78,14 +83,27 @@ class GatheredBytes:
 
 def gathered(views: list[memoryview], offsets: tuple[int, ...], nbytes: int) -> GatheredBytes:
     """``views[i]`` at ``offsets[i]`` of a range of ``nbytes``, zeros between them."""
+    buffers = with_gaps(views, offsets, nbytes, lambda n: memoryview(bytes(n)))
+    return GatheredBytes(tuple(buffers), tuple(views))
+
+
+def with_gaps(
+    views: list[memoryview],
+    offsets: Sequence[int],
+    nbytes: int,
+    gap: Callable[[int], memoryview],
+) -> list[memoryview]:
+    """The buffers of one vectored write or read of a range of ``nbytes``: ``views[i]`` at
+    ``offsets[i]`` (sorted), ``gap(n)`` for each hole between them. Empty views are left out
+    (an empty tensor's view is read-only, and a vectored read needs writable buffers)."""
     buffers: list[memoryview] = []
     at = 0
     for view, offset in zip(views, offsets):
         if offset > at:
-            buffers.append(memoryview(bytes(offset - at)))
+            buffers.append(gap(offset - at))
         if len(view):
             buffers.append(view)
-        at = offset + len(view)
+        at = max(at, offset + len(view))
     if nbytes > at:
-        buffers.append(memoryview(bytes(nbytes - at)))
-    return GatheredBytes(tuple(buffers), tuple(views))
+        buffers.append(gap(nbytes - at))
+    return buffers

@@ -6,6 +6,17 @@ import os
 from typing import Any, Protocol, runtime_checkable
 
 
+def defines_with(obj: object, name: str, base: str) -> bool:
+    """Whether ``obj``'s class defines ``name`` in the same class as ``base``.
+
+    A backend's faster path (``open_reader``, ``write_many``, ``map_file``) is taken only then:
+    a wrapper (delegating ``__getattr__``) or a subclass that changes ``base`` (to count or to
+    inject faults) must see every call go through ``base``.
+    """
+    owners = [next((c for c in type(obj).__mro__ if n in vars(c)), None) for n in (name, base)]
+    return owners[0] is not None and owners[0] is owners[1]
+
+
 @runtime_checkable
 class FileWriter(Protocol):
     """A file being written; ``write_at`` may need increasing offsets on sequential stores."""
