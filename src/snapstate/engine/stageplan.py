@@ -8,12 +8,15 @@ are made here once and kept with the plan; each save then only looks its tensors
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.planning.items import PlacedItem, Placement, RankPlan, WriteItem
+from snapstate.state.views import same_size_int
 
 # Dtypes whose copy kernels copy bits as they are (others go through an integer view: a
 # bool's copy would turn a byte of 2 into 1).
@@ -81,26 +84,43 @@ class Single:
 
 Step = Run | Single
 
-# rank plan id -> (the plan, {(piece_bytes, run_chunk_bytes): steps}); the plan is held so
-# that its id stays its own
-_cache: dict[int, tuple[RankPlan, dict[tuple[int, int], list[Step]]]] = {}
-_lock = threading.Lock()
+T = TypeVar("T")
+
+
+class _BuiltOnce(Generic[T]):
+    """Values built once per (objects, key), the objects compared by identity: they are held,
+    so that their ids stay their own; past ``limit`` entries (objects of earlier plans) all go."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._known: dict[tuple[int, ...], tuple[tuple[object, ...], dict[Hashable, T]]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, objects: Sequence[object], key: Hashable, build: Callable[[], T]) -> T:
+        ids = tuple(map(id, objects))
+        with self._lock:
+            known = self._known.get(ids)
+            if known is None or any(a is not b for a, b in zip(known[0], objects)):
+                if len(self._known) >= self.limit:
+                    self._known.clear()
+                known = self._known[ids] = (tuple(objects), {})
+            value = known[1].get(key)
+            if value is None:
+                value = known[1][key] = build()
+            return value
+
+
+_steps: _BuiltOnce[list[Step]] = _BuiltOnce(limit=8)
 
 
 def stage_steps(rank_plan: RankPlan, piece_bytes: int, run_chunk_bytes: int) -> list[Step]:
     """The plan's chunks in file order: runs of chunks up to ``run_chunk_bytes`` each, whose
     span fits ``piece_bytes``, and single chunks. Built once per plan and sizes."""
-    with _lock:
-        known = _cache.get(id(rank_plan))
-        if known is None or known[0] is not rank_plan:
-            if len(_cache) >= 8:  # plans of earlier structures
-                _cache.clear()
-            known = _cache[id(rank_plan)] = (rank_plan, {})
-        sizes = (piece_bytes, run_chunk_bytes)
-        steps = known[1].get(sizes)
-        if steps is None:
-            steps = known[1][sizes] = _make_steps(rank_plan, piece_bytes, run_chunk_bytes)
-        return steps
+    return _steps.get(
+        (rank_plan,),
+        (piece_bytes, run_chunk_bytes),
+        lambda: _make_steps(rank_plan, piece_bytes, run_chunk_bytes),
+    )
 
 
 def _make_steps(rank_plan: RankPlan, piece_bytes: int, run_chunk_bytes: int) -> list[Step]:
@@ -122,12 +142,9 @@ def _make_steps(rank_plan: RankPlan, piece_bytes: int, run_chunk_bytes: int) -> 
     return steps
 
 
-_SAME_SIZE_INTS = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
 def copy_dtype(dtype: torch.dtype) -> torch.dtype | None:
     """The dtype a batched copy moves this one's bits as (None: no batched copy)."""
-    return dtype if dtype in BATCH_DTYPES else _SAME_SIZE_INTS.get(dtype.itemsize)
+    return dtype if dtype in BATCH_DTYPES else same_size_int(dtype.itemsize)
 
 
 def make_run(placed: list[PlacedItem]) -> Run:
@@ -153,19 +170,12 @@ def make_run(placed: list[PlacedItem]) -> Run:
     )
 
 
-# placed chunk id -> (the chunk, its run of one); the chunk is held so that its id stays its own
-_single_runs: dict[int, tuple[PlacedItem, Run]] = {}
+_single_runs: _BuiltOnce[Run] = _BuiltOnce(limit=1 << 14)
 
 
 def single_run(placed: PlacedItem) -> Run:
     """A run of this one chunk, built once (a save stages it again and again)."""
-    with _lock:
-        known = _single_runs.get(id(placed))
-        if known is None or known[0] is not placed:
-            if len(_single_runs) >= 1 << 14:
-                _single_runs.clear()
-            known = _single_runs[id(placed)] = (placed, make_run([placed]))
-        return known[1]
+    return _single_runs.get((placed,), None, lambda: make_run([placed]))
 
 
 def _is_whole(placed: PlacedItem) -> bool:
@@ -176,25 +186,13 @@ def _is_whole(placed: PlacedItem) -> bool:
 # The chunks a rank witnesses (hashes for their writers) are in no file of its own: their
 # runs are ranges of staging memory only, and their places carry this file name.
 WITNESS_FILE = ""
-# (ids of the witnessed items) -> (the items, {piece_bytes: steps}); the items are held so
-# that their ids stay their own
-_witness_cache: dict[tuple[int, ...], tuple[list[WriteItem], dict[int, list[Step]]]] = {}
+_witness_steps: _BuiltOnce[list[Step]] = _BuiltOnce(limit=64)
 
 
 def witness_steps(items: list[WriteItem], piece_bytes: int) -> list[Step]:
     """The chunks this rank witnesses in a save, packed into runs that fit ``piece_bytes``
     (larger ones alone). Built once per witnessed set: it repeats as the turns rotate."""
-    key = tuple(map(id, items))
-    with _lock:
-        known = _witness_cache.get(key)
-        if known is None or any(a is not b for a, b in zip(known[0], items)):
-            if len(_witness_cache) >= 64:  # sets of earlier plans
-                _witness_cache.clear()
-            known = _witness_cache[key] = (list(items), {})
-        steps = known[1].get(piece_bytes)
-        if steps is None:
-            steps = known[1][piece_bytes] = _make_witness_steps(items, piece_bytes)
-        return steps
+    return _witness_steps.get(items, piece_bytes, lambda: _make_witness_steps(items, piece_bytes))
 
 
 def _make_witness_steps(items: list[WriteItem], piece_bytes: int) -> list[Step]:
