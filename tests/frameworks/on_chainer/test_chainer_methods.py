@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from support.methods import load_with, save_after_steps
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("chainer") is None, reason="needs chainer: make test-frameworks"
 )
@@ -36,20 +38,14 @@ def _optimizer_arrays(trainer: Any) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("name", METHODS)
 def test_load_restores_model_optimizer_and_position(name: str, tmp_path: Path) -> None:
-    from snapstate.bench.methods import get_method
-
     a = _trainer()
-    for _ in range(3):
-        a.train_step()
-    method = get_method(name)(0, 1)
-    method.save(a, tmp_path / "step-3")
-    method.close()
+    save_after_steps(a, name, tmp_path / "step-3")
     saved = {k: v.tobytes() for k, v in a.final_params().items()}
     saved_opt = _optimizer_arrays(a)
     later = [a.train_step() for _ in range(2)]
 
     b = _trainer()
-    get_method(name)(0, 1).load(b, tmp_path / "step-3")
+    load_with(name, b, tmp_path / "step-3")
     assert {k: v.tobytes() for k, v in b.final_params().items()} == saved
     assert _optimizer_arrays(b) == saved_opt
     assert (b.step, b.epoch, b.position) == (3, 0, 3)

@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import pytest
 
+from support.methods import load_with, save_after_steps
+
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("tensorflow") is None, reason="needs tensorflow: make test-frameworks"
 )
@@ -41,19 +43,13 @@ def _arrays(variables: list[Any]) -> list[bytes]:
 
 @pytest.mark.parametrize("name", TF_METHODS)
 def test_load_restores_model_optimizer_and_step(name: str, tmp_path: Path) -> None:
-    from snapstate.bench.methods import get_method
-
     a = _trainer()
-    for _ in range(3):
-        a.train_step()
-    method = get_method(name)(0, 1)
-    method.save(a, tmp_path / "step-3")
-    method.close()
+    save_after_steps(a, name, tmp_path / "step-3")
     saved_model, saved_opt = _arrays(a.model.variables), _arrays(a.optimizer.variables)
     later = [a.train_step() for _ in range(2)]
 
     b = _trainer()
-    get_method(name)(0, 1).load(b, tmp_path / "step-3")
+    load_with(name, b, tmp_path / "step-3")
     assert _arrays(b.model.variables) == saved_model
     assert _arrays(b.optimizer.variables) == saved_opt
     assert (b.step, b.epoch) == (3, 0)
