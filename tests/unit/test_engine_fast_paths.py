@@ -258,6 +258,30 @@ def test_a_short_vectored_read_is_finished_and_a_cut_off_file_names_its_chunk(
     assert info.value.key == last.name.split("@")[0]
 
 
+def test_a_batch_cut_short_once_is_read_again_chunk_by_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vectored read that meets the end of a file which then grows back (a race on a
+    changing checkpoint): the reads one by one succeed, and the load holds every byte."""
+    from snapstate.engine import load
+    from snapstate.storage import local
+
+    state = {f"t{i}": random_tensor(torch.float32, (100 + i,), seed=i) for i in range(40)}
+    ss.save(state, tmp_path / "ckpt")
+    real, cut = local.LocalFileReader.read_many, []
+
+    def at_end_once(self: local.LocalFileReader, offset: int, buffers: list[memoryview]) -> None:
+        if not cut:
+            cut.append(offset)
+            raise EOFError(f"{self.full_path}: file ends at byte {offset}")
+        real(self, offset, buffers)
+
+    monkeypatch.setattr(local.LocalFileReader, "read_many", at_end_once)
+    monkeypatch.setattr(load, "can_map", lambda *_: False)  # the read-in-place path batches
+    assert_holds(tmp_path / "ckpt", state)
+    assert cut, "the load took the vectored read"
+
+
 def test_ranks_on_one_host_share_its_cores_for_copies(monkeypatch: pytest.MonkeyPatch) -> None:
     import os
 
