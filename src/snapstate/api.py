@@ -10,6 +10,7 @@ from typing import Any, Literal
 from snapstate.collective.coordinator import default_coordinator
 from snapstate.collective.loadshare import fail_together
 from snapstate.collective.topology import use_read_once
+from snapstate.engine.background import wait_until_idle
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.save import SaveOptions, start_save
@@ -167,6 +168,11 @@ def _options(options: SaveOptions | None, timeout: float | None, overwrite: bool
     return opts
 
 
+# How long exit waits for save threads to let go of finished jobs (microseconds, normally);
+# a thread stuck on a dead peer must not hold the exit for long.
+EXIT_IDLE_WAIT_S = 10.0
+
+
 @atexit.register
 def _finish_in_flight() -> None:
     # A process that exits right after async_save still commits its last checkpoint.
@@ -176,3 +182,4 @@ def _finish_in_flight() -> None:
             handle.wait()
         except Exception:  # noqa: BLE001 - nothing left to report to at exit
             pass
+    wait_until_idle(EXIT_IDLE_WAIT_S)  # see engine/background.py: a busy thread aborts exit
