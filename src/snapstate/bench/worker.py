@@ -279,26 +279,7 @@ def main(argv: list[str]) -> int:
             train_on_rank(raw, rank, world)
     finally:
         dist.destroy_process_group()
-    if uses_tensorflow(raw):
-        exit_without_teardown()
     return 0
-
-
-def uses_tensorflow(raw: dict[str, Any]) -> bool:
-    jobs = raw["jobs"] if raw["kind"] == "measure-batch" else [raw]
-    return any(j.get("framework") == "tensorflow" for j in jobs)
-
-
-def exit_without_teardown() -> None:
-    """Leave a finished TensorFlow worker at once, skipping the interpreter's teardown.
-
-    A MultiWorkerMirroredStrategy worker can abort in TF's C++ destructors after its work is
-    done ("terminate called without an active exception", tensorflow/tensorflow#55250): the
-    results are written by then, so its exit status must not turn a good run into a failure.
-    """
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
 
 
 if __name__ == "__main__":
