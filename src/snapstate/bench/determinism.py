@@ -1,11 +1,17 @@
-"""RQ3: train uninterrupted vs killed (SIGKILL) after a checkpoint and resumed in a new process."""
+"""RQ3: train uninterrupted vs killed (SIGKILL) after a checkpoint and resumed in a new process.
+
+Per framework and world size: one reference run, one run that checkpoints with every method
+checked and is killed once all of those checkpoints are durable, then one resume per method,
+each in a new group of processes. Sharing the killed run saves a launch per method (the demo
+must stay within minutes); every resume still starts from its own method's files alone.
+"""
 
 from __future__ import annotations
 
 import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,12 +30,13 @@ KILL_WAIT_S = 600.0
 
 @dataclass
 class TrainJob:
-    """One training process group: reference, to-be-killed, or resumed."""
+    """One training process group: reference (no methods), to-be-killed (each method checkpoints
+    into ``ckpt_dir/<method>``), or resumed (one method, from ``resume_from``)."""
 
     train: dict[str, Any]
     steps: int
     out_dir: str
-    method: str | None = None
+    methods: list[str] = field(default_factory=list)
     every: int = 0
     ckpt_dir: str = ""
     kill_after: int | None = None
@@ -48,8 +55,9 @@ def train_on_rank(raw: dict[str, Any], rank: int, world: int) -> None:
 
     job = TrainJob(**raw)
     trainer = build_trainer(job.framework, TrainConfig(**job.train), rank, world)
-    method = get_method(job.method)(rank, world) if job.method else None
-    if method is not None and job.resume_from:
+    methods = {name: get_method(name)(rank, world) for name in job.methods}
+    if job.resume_from:
+        (method,) = methods.values()
         method.load(trainer, Path(job.resume_from))
     out = Path(job.out_dir)
     log = open(out / LOSSES, "a") if rank == 0 else None
@@ -58,34 +66,35 @@ def train_on_rank(raw: dict[str, Any], rank: int, world: int) -> None:
         if log is not None:
             log.write(f"{trainer.step} {loss.hex()}\n")
             log.flush()  # lines up to the kill must survive it
-        if (
-            method is not None
-            and job.every
-            and not job.resume_from
-            and trainer.step % job.every == 0
-        ):
-            checkpoint(method, trainer, job, out)
+        if methods and job.every and not job.resume_from and trainer.step % job.every == 0:
+            checkpoint(methods, trainer, job, out)
     if job.kill_after is not None:
         time.sleep(KILL_WAIT_S)  # the parent kills this process; finishing normally is a failure
         raise SystemExit("expected to be killed")
-    if method is not None:
+    for method in methods.values():
         method.close()
     if rank == 0:
         _save_params(trainer, out / PARAMS)
 
 
-def checkpoint(method: Any, trainer: Any, job: TrainJob, out: Path) -> None:
-    """Save; at the kill step wait until it is durable, then tell the parent (which kills us)."""
+def checkpoint(methods: dict[str, Any], trainer: Any, job: TrainJob, out: Path) -> None:
+    """Save with each method; at the kill step wait until all are durable, then tell the parent
+    (which kills us). One method's save finishes before the next starts: none races another."""
     import torch.distributed as dist
 
-    method.save(trainer, Path(job.ckpt_dir) / f"step-{trainer.step:09d}")
+    for name, method in methods.items():
+        method.save(trainer, checkpoint_path(Path(job.ckpt_dir), name, trainer.step))
+        method.wait()
     if trainer.step != job.kill_after:
         return
-    method.wait()
     if dist.is_initialized():
         dist.barrier()
     if trainer.rank == 0:
         (out / MARKER).write_text(str(trainer.step))
+
+
+def checkpoint_path(root: Path, method: str, step: int) -> Path:
+    return root / method / f"step-{step:09d}"
 
 
 def _save_params(trainer: Any, path: Path) -> None:
@@ -105,10 +114,9 @@ def run_checks(
     progress: Any,
     errors: list[dict[str, str]],
 ) -> list[DeterminismResult]:
-    """An uninterrupted reference per world size, then a kill-and-resume check per method.
-
-    A check that fails goes to ``errors`` and the others still run.
-    """
+    """Per framework and world size: a reference, one killed run for all its methods, then a
+    resume per method. A run that fails goes to ``errors`` (a failed killed run takes its
+    group's checks with it) and the other checks still run."""
     plan = cfg.determinism
     assert plan is not None
     train = {
@@ -118,47 +126,75 @@ def run_checks(
         "samples": cfg.samples,
         "data_dir": cfg.data_dir,
     }
-    refs: dict[tuple[str, int], Path] = {}
     results = []
-    for name, world in methods.items():
-        fw = get_method(name).info.framework
-        if (fw, world) not in refs:
-            refs[fw, world] = work / f"reference-{fw}-n{world}"
-            job = TrainJob(train, plan.steps, str(refs[fw, world]), framework=fw)
-            _run(job, world, cfg.timeout_s)
+    for (fw, world), names in check_groups(methods).items():
+        group = work / f"{fw}-n{world}"
+        try:
+            _run(TrainJob(train, plan.steps, str(group / "reference"), framework=fw), world, cfg)
             progress.advance(f"determinism: {fw} reference run of {plan.model} on {world} rank(s)")
-        results.append(
-            check_method(cfg, name, world, train, refs[fw, world], work / f"{name}-n{world}")
-        )
-        progress.advance(f"determinism: {name} killed and resumed")
+            killed = killed_job(cfg, names, train, group, fw)
+            _run_and_kill(killed, world, cfg.timeout_s)
+            progress.advance(
+                f"determinism: {fw} run killed after checkpoints by {len(names)} method(s)"
+            )
+        except (launch.WorkerError, OSError) as e:
+            errors.append({"run": f"determinism-{fw}-n{world}", "error": str(e)[-4000:]})
+            continue
+        for name in names:
+            try:
+                results.append(resume_and_compare(cfg, name, world, train, group))
+            except (launch.WorkerError, OSError, ValueError) as e:
+                errors.append({"run": f"determinism-{name}-n{world}", "error": str(e)[-4000:]})
+            progress.advance(f"determinism: {name} resumed")
     return results
 
 
-def check_method(
-    cfg: BenchConfig, name: str, world: int, train: dict[str, Any], ref: Path, work: Path
-) -> DeterminismResult:
+def check_groups(methods: dict[str, int]) -> dict[tuple[str, int], list[str]]:
+    """Methods by (framework, world size): each group shares a reference and a killed run."""
+    out: dict[tuple[str, int], list[str]] = {}
+    for name, world in methods.items():
+        out.setdefault((get_method(name).info.framework, world), []).append(name)
+    return out
+
+
+def launches(methods: dict[str, int]) -> int:
+    """Progress steps of the checks: a reference and a killed run per group, a resume per method."""
+    return 2 * len(check_groups(methods)) + len(methods)
+
+
+def killed_job(
+    cfg: BenchConfig, names: list[str], train: dict[str, Any], group: Path, fw: str
+) -> TrainJob:
     plan = cfg.determinism
     assert plan is not None
-    ckpt = work / "ckpt"
-    killed, resumed = work / "killed", work / "resumed"
-    fw = get_method(name).info.framework
-    job = TrainJob(
+    return TrainJob(
         train,
         plan.steps,
-        str(killed),
-        name,
+        str(group / "killed"),
+        list(names),
         plan.every,
-        str(ckpt),
+        str(group / "ckpt"),
         kill_after=plan.every,
         framework=fw,
     )
-    _run_and_kill(job, world, cfg.timeout_s)
-    resume_from = ckpt / f"step-{plan.every:09d}"
-    resume = TrainJob(
-        train, plan.steps, str(resumed), name, resume_from=str(resume_from), framework=fw
+
+
+def resume_and_compare(
+    cfg: BenchConfig, name: str, world: int, train: dict[str, Any], group: Path
+) -> DeterminismResult:
+    """Resume ``name`` from its own checkpoint in new processes; compare with the reference."""
+    plan = cfg.determinism
+    assert plan is not None
+    fw = get_method(name).info.framework
+    resumed = group / f"resumed-{name}"
+    resume_from = checkpoint_path(group / "ckpt", name, plan.every)
+    job = TrainJob(
+        train, plan.steps, str(resumed), [name], resume_from=str(resume_from), framework=fw
     )
-    _run(resume, world, cfg.timeout_s)
-    return compare(name, plan.model, world, plan.every, ref, killed, resumed)
+    _run(job, world, cfg)
+    return compare(
+        name, plan.model, world, plan.every, group / "reference", group / "killed", resumed
+    )
 
 
 def _write_job(job: TrainJob) -> Path:
@@ -169,9 +205,9 @@ def _write_job(job: TrainJob) -> Path:
     return path
 
 
-def _run(job: TrainJob, world: int, timeout_s: float) -> None:
+def _run(job: TrainJob, world: int, cfg: BenchConfig) -> None:
     path = _write_job(job)
-    launch.run(path, world, path.parent / "logs", timeout_s, job.framework)
+    launch.run(path, world, path.parent / "logs", cfg.timeout_s, job.framework)
 
 
 def _run_and_kill(job: TrainJob, world: int, timeout_s: float) -> None:
@@ -189,7 +225,7 @@ def _run_and_kill(job: TrainJob, world: int, timeout_s: float) -> None:
     launch.retry_port_race(start_and_kill)
     if not marker.exists():
         raise launch.WorkerError(
-            f"{job.method}: ranks ended before the checkpoint at step {job.kill_after}"
+            f"{', '.join(job.methods)}: ranks ended before the checkpoints at step {job.kill_after}"
         )
 
 

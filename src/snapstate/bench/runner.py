@@ -174,7 +174,7 @@ def run_bench(
         for fw, methods in by_framework(runnable(cfg, world, blocked)).items()
     ]
     det = determinism_worlds(cfg, blocked)
-    progress.begin(len(runs) + (len(det) + len(set(det.values())) if det else 0))
+    progress.begin(len(runs) + determinism_launches(det))
     for (name, world), reason in blocked.items():
         progress.note(f"{name} on {world} rank(s): skipped, {reason}")
     for model, world, repeat, fw, methods in runs:
@@ -232,6 +232,12 @@ def determinism_worlds(cfg: BenchConfig, blocked: Blocked) -> dict[str, int]:
                 out[m] = world
                 break
     return out
+
+
+def determinism_launches(methods: dict[str, int]) -> int:
+    from snapstate.bench.determinism import launches
+
+    return launches(methods) if methods else 0
 
 
 def _determinism_into(
