@@ -31,25 +31,37 @@ from snapstate.bench.models import build_model
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_core as core  # noqa: E402  (a sibling script, not a package)
 
-# (numerator, denominator, limit or None when the row is informative only)
-RATIOS: list[tuple[str, str, float | None]] = [
-    ("ss.async_save blocking", "copy into allocated", 2.0),
-    ("ss.async_save blocking", "dcp.async_save blocking", 0.6),
-    ("ss.async_save blocking", "torch.save+fsync", None),
-    ("ss.save", "torch.save+fsync", 0.8),
-    ("ss.save", "raw write+fsync", None),  # the disk's floor for these bytes
-    ("ss.save", "dcp.save", None),
-    ("ss.load", "torch.load", 1.0),
-    ("ss.load", "dcp.load", None),
+# (numerator, denominator): every row a state prints
+RATIOS: list[tuple[str, str]] = [
+    ("ss.async_save blocking", "copy into allocated"),
+    ("ss.async_save blocking", "dcp.async_save blocking"),
+    ("ss.async_save blocking", "torch.save+fsync"),
+    ("ss.save", "torch.save+fsync"),
+    ("ss.save", "raw write+fsync"),  # the disk's floor for these bytes
+    ("ss.save", "dcp.save"),
+    ("ss.load", "torch.load"),
+    ("ss.load", "dcp.load"),
 ]
-# The 512 MiB state has its own targets (issue 7): stall vs the copy, and no worse than before.
-BIG_LIMITS = {
-    ("ss.async_save blocking", "copy into allocated"): 1.5,
-    ("ss.async_save blocking", "dcp.async_save blocking"): None,
-    ("ss.save", "torch.save+fsync"): None,
-    ("ss.save", "raw write+fsync"): None,
-    ("ss.load", "torch.load"): None,
+STALL_AND_LOAD = {
+    ("ss.async_save blocking", "copy into allocated"): 2.0,
+    ("ss.async_save blocking", "dcp.async_save blocking"): 0.6,
+    ("ss.load", "torch.load"): 1.0,
 }
+# Issue 7's targets, where the issue sets them: the study's 34 MB state gets all of them; other
+# model states the stall and load ones (the save target is set for 34 MB only: at 128 MB a save
+# is bound by the disk, see the raw-write row); the big state its own. Rows without a limit inform.
+LIMITS: dict[str, dict[tuple[str, str], float]] = {
+    "resnet18:w=0.5": STALL_AND_LOAD | {("ss.save", "torch.save+fsync"): 0.8},
+    "model": STALL_AND_LOAD,
+    "big": {("ss.async_save blocking", "copy into allocated"): 1.5},
+}
+BIG_ROWS = [
+    ("ss.async_save blocking", "copy into allocated"),
+    ("ss.async_save blocking", "dcp.async_save blocking"),
+    ("ss.save", "torch.save+fsync"),
+    ("ss.save", "raw write+fsync"),
+    ("ss.load", "torch.load"),
+]
 KEEP = {name for pair in RATIOS for name in pair[:2]}
 
 
@@ -113,16 +125,15 @@ def measure(
     return ms
 
 
-def ratio_rows(label: str, ms: list[core.Method], big: bool) -> list[Row]:
+def ratio_rows(label: str, kind: str, ms: list[core.Method]) -> list[Row]:
+    """The state's rows; ``kind`` picks its limits: a model name in LIMITS, "model" or "big"."""
     by = {m.name: m for m in ms}
+    limits = LIMITS.get(kind, LIMITS["model"])
     rows = []
-    for a, b, limit in RATIOS:
-        if big:
-            if (a, b) not in BIG_LIMITS:
-                continue
-            limit = BIG_LIMITS[(a, b)]
+    for a, b in BIG_ROWS if kind == "big" else RATIOS:
         paired = statistics.median(x / y for x, y in zip(by[a].samples, by[b].samples))
-        rows.append(Row(label, a, b, core.median(by[a]) / core.median(by[b]), paired, limit))
+        ratio = core.median(by[a]) / core.median(by[b])
+        rows.append(Row(label, a, b, ratio, paired, limits.get((a, b))))
     return rows
 
 
@@ -167,17 +178,17 @@ def main(argv: list[str] | None = None) -> int:
     console = Console()
     console.width = max(console.width, 120)
     warnings.filterwarnings("ignore")
-    states: list[tuple[str, dict[str, torch.Tensor], bool]] = [
-        (m + "+adam", model_adam_tensors(m), False) for m in a.models.split(",") if m
+    states: list[tuple[str, str, dict[str, torch.Tensor]]] = [
+        (m + "+adam", m, model_adam_tensors(m)) for m in a.models.split(",") if m
     ]
     if a.big_mib:
-        states.append((f"{a.big_mib} MiB x16", core.as_state(core.make_tensors(cfg)), True))
+        states.append((f"{a.big_mib} MiB x16", "big", core.as_state(core.make_tensors(cfg))))
     rows: list[Row] = []
     medians: dict[str, dict[str, float]] = {}
-    for label, state, big in states:
+    for label, kind, state in states:
         ms = measure(label, state, cfg, console)
         medians[label] = {m.name: core.median(m) for m in ms}
-        rows += ratio_rows(label, ms, big)
+        rows += ratio_rows(label, kind, ms)
     console.print("one process; warm page cache; noisy shared machine: read ratios, not times")
     console.print(table(rows, medians))
     if a.json:
