@@ -40,10 +40,15 @@ def test_tiny_run_prints_every_ratio(tmp_path: Path) -> None:
     assert set(doc["medians_s"]) == {"resnet18:w=0.125+adam", "4 MiB x16"}
     small = [r for r in doc["rows"] if r["state"] == "resnet18:w=0.125+adam"]
     big = [r for r in doc["rows"] if r["state"] == "4 MiB x16"]
-    assert [(r["numerator"], r["denominator"]) for r in small] == [
-        (a, b) for a, b, _ in script.RATIOS
-    ]
-    assert {(r["numerator"], r["denominator"]) for r in big} == set(script.BIG_LIMITS)
+    assert [(r["numerator"], r["denominator"]) for r in small] == [(a, b) for a, b in script.RATIOS]
+    assert [(r["numerator"], r["denominator"]) for r in big] == script.BIG_ROWS
+    # a model without its own targets gets the stall and load limits, the big state its own
+    assert {(r["numerator"], r["denominator"]): r["limit"] for r in small if r["limit"]} == (
+        script.LIMITS["model"]
+    )
+    assert {(r["numerator"], r["denominator"]): r["limit"] for r in big if r["limit"]} == (
+        script.LIMITS["big"]
+    )
     for row in doc["rows"]:
         assert math.isfinite(row["ratio"]) and row["ratio"] > 0
         assert math.isfinite(row["paired"]) and row["paired"] > 0
