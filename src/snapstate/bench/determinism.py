@@ -130,7 +130,11 @@ def run_checks(
     for (fw, world), names in check_groups(methods).items():
         group = work / f"{fw}-n{world}"
         try:
-            _run(TrainJob(train, plan.steps, str(group / "reference"), framework=fw), world, cfg)
+            _run(
+                TrainJob(train, plan.steps, str(group / "reference"), framework=fw),
+                world,
+                cfg.timeout_s,
+            )
             progress.advance(f"determinism: {fw} reference run of {plan.model} on {world} rank(s)")
             killed = killed_job(cfg, names, train, group, fw)
             _run_and_kill(killed, world, cfg.timeout_s)
@@ -191,7 +195,7 @@ def resume_and_compare(
     job = TrainJob(
         train, plan.steps, str(resumed), [name], resume_from=str(resume_from), framework=fw
     )
-    _run(job, world, cfg)
+    _run(job, world, cfg.timeout_s)
     return compare(
         name, plan.model, world, plan.every, group / "reference", group / "killed", resumed
     )
@@ -205,9 +209,9 @@ def _write_job(job: TrainJob) -> Path:
     return path
 
 
-def _run(job: TrainJob, world: int, cfg: BenchConfig) -> None:
+def _run(job: TrainJob, world: int, timeout_s: float) -> None:
     path = _write_job(job)
-    launch.run(path, world, path.parent / "logs", cfg.timeout_s, job.framework)
+    launch.run(path, world, path.parent / "logs", timeout_s, job.framework)
 
 
 def _run_and_kill(job: TrainJob, world: int, timeout_s: float) -> None:
