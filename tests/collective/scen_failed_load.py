@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import snapstate as ss
+from snapstate.engine import load as load_mod
 
 from .common import pattern
 
@@ -16,7 +18,7 @@ from .common import pattern
 def _state(rank: int, step: int) -> dict[str, Any]:
     return {
         "w": pattern((256, 64), step),
-        "mine": ss.RankLocal({"x": pattern((512,), 10 * rank + step)}),
+        "mine": ss.RankLocal({"x": pattern((16384,), 10 * rank + step)}),  # pages past the header
         "step": step,
     }
 
@@ -31,23 +33,47 @@ def _corrupt_rank_local(path: str, rank: int) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
+def _drop_cached_pages(path: str) -> None:
+    """The shards' pages out of the page cache: the load finds them cold."""
+    for shard in (Path(path) / "shards").glob("*.safetensors"):
+        fd = os.open(shard, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+
+
 def corrupt_on_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
-    """Save, corrupt rank 1's own bytes, load with the given transport on every rank."""
+    """Save, corrupt rank 1's own bytes, load with the given transport on every rank (from a
+    cold page cache when ``args["cold"]``)."""
     ss.save(_state(rank, 1), args["path"])
     dist.barrier()
     if rank == 0:
         _corrupt_rank_local(args["path"], 1)
+        if args.get("cold"):
+            _drop_cached_pages(args["path"])
     dist.barrier()
     state = _state(rank, 2)
     before = _state(rank, 2)
     error = ""
+    kept_ahead = []
+    real_rollback = load_mod.Rollback
+
+    def recording(reads: list[Any], *, ahead: bool = False) -> Any:
+        kept_ahead.append(ahead)
+        return real_rollback(reads, ahead=ahead)
+
+    load_mod.Rollback = recording  # type: ignore[assignment,misc]
     try:
         ss.load(state, args["path"], read_once=args["read_once"])
     except ss.CheckpointError as exc:
         error = type(exc).__name__
+    finally:
+        load_mod.Rollback = real_rollback  # type: ignore[misc]
     unchanged = (
         torch.equal(state["w"], before["w"])
         and torch.equal(state["mine"].value["x"], before["mine"].value["x"])
         and state["step"] == 2
     )
-    return {"error": error, "unchanged": unchanged}
+    return {"error": error, "unchanged": unchanged, "kept_ahead": kept_ahead == [True]}

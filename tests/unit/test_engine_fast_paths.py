@@ -235,8 +235,8 @@ def test_a_short_vectored_read_is_finished_and_a_cut_off_file_names_its_chunk(
     ss.save(state, tmp_path / "ckpt")
     real = local.os.preadv
 
-    def short(fd: int, buffers: list[memoryview], offset: int) -> int:
-        return real(fd, buffers[:3], offset)  # fewer bytes than asked
+    def short(fd: int, buffers: list[memoryview], offset: int, *flags: int) -> int:
+        return real(fd, buffers[:3], offset, *flags)  # fewer bytes than asked
 
     monkeypatch.setattr(local.os, "preadv", short)
     assert_holds(tmp_path / "ckpt", state)

@@ -44,9 +44,9 @@ def no_rollback(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     kept: list[int] = []
     real = load_mod.Rollback
 
-    def counting(reads: list) -> object:  # type: ignore[type-arg]
+    def counting(reads: list, *, ahead: bool = False) -> object:  # type: ignore[type-arg]
         kept.append(len(reads))
-        return real(reads)
+        return real(reads, ahead=ahead)
 
     monkeypatch.setattr(load_mod, "Rollback", counting)
     return kept

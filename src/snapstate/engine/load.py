@@ -38,7 +38,7 @@ from snapstate.planning.items import Box
 from snapstate.planning.reshard import covering_span, local_slices, overlap
 from snapstate.state.dtensor import local_box, local_data
 from snapstate.state.restore import ReadRequest, RestorePlan, StoredTensor, plan_restore
-from snapstate.storage.base import Storage
+from snapstate.storage.base import Storage, defines_with
 
 DEFAULT_READ_THREADS = 4
 
@@ -91,7 +91,8 @@ def load_into(
     find = records_for(manifest, rank)
     try:
         plan = _plan(state, manifest, rank, find, strict, storage.root)
-        tasks = plan_tasks(plan.reads, find)
+        per_read = tasks_per_read(plan.reads, find)
+        tasks = [t for ts in per_read for t in ts]
     except Exception as exc:
         if together:  # the others are entering the load's first gather: fail them too
             fail_together(coord, exc)  # type: ignore[arg-type]
@@ -105,9 +106,18 @@ def load_into(
     )
     # mapped shards are verified before any target is written: nothing to put back
     mapped = not shared and can_map(storage, sum(t.chunk.end - t.chunk.start for t in tasks))
-    rollback = Rollback([] if mapped else plan.reads)
+    waits: list[Callable[[], None]] | None = None
+    if mapped and all(reads_whole_chunk(t) for t in tasks) and not pages_cached(storage, tasks):
+        # Cold pages: the mapped load's second pass (a copy of the state) would add to the
+        # disk's time, while copies kept aside for a rollback, made as the disk reads, do not.
+        mapped = False
+        rollback, waits = _rollback_ahead(plan.reads, per_read)
+    else:
+        rollback = Rollback([] if mapped else plan.reads)
     try:
-        _transfer(storage, tasks, threads, coord if together else None, shared, result, mapped)
+        _transfer(
+            storage, tasks, threads, coord if together else None, shared, result, mapped, waits
+        )
     except BaseException:
         rollback.restore()  # a failed load leaves the caller's tensors as they were
         raise
@@ -146,9 +156,11 @@ def _transfer(
     shared: bool,
     result: LoadResult,
     mapped: bool,
+    waits: list[Callable[[], None]] | None = None,
 ) -> None:
     """Move the bytes by one of the transports (read once and send, mapped, or read in
-    place); with several ranks, fail on all or none."""
+    place, each task first calling its ``waits`` entry); with several ranks, fail on all or
+    none."""
     if shared:  # agrees on the reads' outcome itself, before any byte moves
         stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
         result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
@@ -161,11 +173,11 @@ def _transfer(
         result.bytes_read = load_mapped(storage, tasks, threads, agree if coord else None)
         return
     if coord is None:
-        result.bytes_read = run_reads(storage, tasks, threads)
+        result.bytes_read = run_reads(storage, tasks, threads, waits)
         return
 
     def read_all() -> None:  # an error here is raised on every rank by the gather
-        result.bytes_read = run_reads(storage, tasks, threads)
+        result.bytes_read = run_reads(storage, tasks, threads, waits)
 
     gather_or_raise(coord, read_all)
 
@@ -186,12 +198,53 @@ def plan_tasks(
     reads: list[ReadRequest], find: Callable[[str, bool], TensorRecord | None]
 ) -> list[ReadTask]:
     """The reads of every requested key (restore planning only requests keys the manifest has)."""
-    tasks: list[ReadTask] = []
+    return [t for ts in tasks_per_read(reads, find) for t in ts]
+
+
+def tasks_per_read(
+    reads: list[ReadRequest], find: Callable[[str, bool], TensorRecord | None]
+) -> list[list[ReadTask]]:
+    """Each request's reads, in the requests' order."""
+    out: list[list[ReadTask]] = []
     for req in reads:
         record = find(req.key, req.rank_local)
         assert record is not None
-        tasks.extend(read_tasks(req.key, record, req.target))
-    return tasks
+        out.append(read_tasks(req.key, record, req.target))
+    return out
+
+
+def pages_cached(storage: Storage, tasks: list[ReadTask]) -> bool:
+    """Whether the shards' pages look cached: the first, middle and last chunk of each file
+    probed (a backend that cannot tell says yes, and keeps the mapped load)."""
+    if not defines_with(storage, "cached", "read_into"):
+        return True
+    starts: dict[str, list[int]] = {}
+    for t in tasks:
+        starts.setdefault(t.chunk.file, []).append(t.chunk.start)
+    backend: Any = storage
+    for file, offsets in starts.items():
+        offsets.sort()
+        probes = sorted({offsets[0], offsets[len(offsets) // 2], offsets[-1]})
+        if not backend.cached(file, probes):
+            return False
+    return True
+
+
+def _rollback_ahead(
+    reads: list[ReadRequest], per_read: list[list[ReadTask]]
+) -> tuple[Rollback, list[Callable[[], None]]]:
+    """A rollback that copies the targets aside in the order their bytes are read, while the
+    reads run, and for each task the wait for its target's copy."""
+    order = sorted(
+        (i for i in range(len(reads)) if per_read[i]),
+        key=lambda i: min((t.chunk.file, t.chunk.start) for t in per_read[i]),
+    )
+    position = {req: at for at, req in enumerate(order)}
+    rollback = Rollback([reads[i] for i in order], ahead=True)
+    waits: list[Callable[[], None]] = [
+        functools.partial(rollback.saved, position[i]) for i, ts in enumerate(per_read) for _ in ts
+    ]
+    return rollback, waits
 
 
 def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[ReadTask]:
@@ -217,25 +270,38 @@ def read_tasks(key: str, record: TensorRecord, target: torch.Tensor) -> list[Rea
     return tasks
 
 
-def run_reads(storage: Storage, tasks: list[ReadTask], threads: int) -> int:
+def run_reads(
+    storage: Storage,
+    tasks: list[ReadTask],
+    threads: int,
+    waits: list[Callable[[], None]] | None = None,
+) -> int:
     """Whole chunks go straight into their targets, shard by shard in file order; the rest
-    (resharding overlaps) read their covering spans on a thread pool."""
+    (resharding overlaps) read their covering spans on a thread pool. A task's ``waits`` entry
+    runs before anything is read into its target."""
+    befores: list[Callable[[], None] | None] = list(waits) if waits else [None] * len(tasks)
     whole = [reads_whole_chunk(t) for t in tasks]
-    direct = [_direct_read(t) for t, w in zip(tasks, whole) if w]
-    tasks = [t for t, w in zip(tasks, whole) if not w]
+    direct = [_direct_read(t, b) for t, b, w in zip(tasks, befores, whole) if w]
+    rest = [(t, b) for t, b, w in zip(tasks, befores, whole) if not w]
     counter = _Counter()
     counter.add(read_in_file_order(storage, direct, threads))
-    if threads <= 1 or len(tasks) <= 1:
-        for t in tasks:
-            counter.add(read_one(storage, t))
+
+    def read_rest(item: tuple[ReadTask, Callable[[], None] | None]) -> int:
+        if item[1] is not None:
+            item[1]()
+        return read_one(storage, item[0])
+
+    if threads <= 1 or len(rest) <= 1:
+        for item in rest:
+            counter.add(read_rest(item))
         return counter.value
     with ThreadPoolExecutor(threads, thread_name_prefix="snapstate-read") as pool:
-        for n in pool.map(lambda t: read_one(storage, t), tasks):
+        for n in pool.map(read_rest, rest):
             counter.add(n)
     return counter.value
 
 
-def _direct_read(task: ReadTask) -> DirectRead:
+def _direct_read(task: ReadTask, before: Callable[[], None] | None = None) -> DirectRead:
     out = byte_view(task.target)
     return DirectRead(
         task.chunk.file,
@@ -243,6 +309,7 @@ def _direct_read(task: ReadTask) -> DirectRead:
         out,
         task.key,
         functools.partial(verify, out, 0, task.chunk, task.key),
+        before,
     )
 
 

@@ -43,6 +43,7 @@ class DirectRead:
     out: memoryview
     key: str
     check: Callable[[], None]
+    before: Callable[[], None] | None = None  # runs before any byte is read into ``out``
 
 
 class _PerCallReader:
@@ -135,6 +136,9 @@ def batches(reads: list[DirectRead]) -> list[list[DirectRead]]:
 
 
 def _read_batch(reader: FileReader, batch: list[DirectRead]) -> None:
+    for r in batch:
+        if r.before is not None:
+            r.before()
     read_many = getattr(reader, "read_many", None)
     if len(batch) == 1 or read_many is None:
         for r in batch:

@@ -175,6 +175,29 @@ class LocalStorage:
                     )
                 got += n
 
+    def cached(self, path: str, offsets: list[int]) -> bool:
+        """Whether the file's pages at ``offsets`` are all in the page cache (a read that may
+        not wait for the disk, RWF_NOWAIT, gets them); True where the system cannot tell."""
+        flag = getattr(os, "RWF_NOWAIT", None)
+        if flag is None:
+            return True
+        probe = memoryview(bytearray(1))
+        try:
+            fd = os.open(self._full(path), os.O_RDONLY)
+        except OSError:  # the load that follows reports it, naming the key
+            return True
+        try:
+            for offset in offsets:
+                try:
+                    os.preadv(fd, [probe], offset, flag)
+                except BlockingIOError:
+                    return False
+                except OSError:  # flag refused by this file system
+                    return True
+        finally:
+            os.close(fd)
+        return True
+
     def map_file(self, path: str) -> mmap.mmap:
         """The file mapped into memory, private: the mapping is writable (torch and numpy
         views want that) and no write ever reaches the file."""
