@@ -65,6 +65,7 @@ def corrupt_on_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str
         return real_rollback(reads, ahead=ahead)
 
     load_mod.Rollback = recording  # type: ignore[assignment,misc]
+    load_mod.COLD_IN_PLACE_BYTES = 0  # this small state read in place when cold
     try:
         ss.load(state, args["path"], read_once=args["read_once"])
     except ss.CheckpointError as exc:

@@ -51,7 +51,9 @@ def shard_of(ckpt: Path, key: str) -> tuple[str, int, int]:
 
 
 def transports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Records, per load, which way it went: 'mapped', 'ahead' or 'in place'."""
+    """Records, per load, which way it went: 'mapped', 'ahead' or 'in place' (the size from
+    which a cold load reads in place lowered to these small states)."""
+    monkeypatch.setattr(load_mod, "COLD_IN_PLACE_BYTES", 0)
     seen: list[str] = []
     real_mapped = load_mod.load_mapped
     real_rollback = load_mod.Rollback
@@ -70,6 +72,21 @@ def transports(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     monkeypatch.setattr(load_mod, "load_mapped", mapped)
     monkeypatch.setattr(load_mod, "Rollback", rollback)
     return seen
+
+
+def test_a_small_cold_state_keeps_the_mapped_load(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen = transports(monkeypatch)
+    monkeypatch.setattr(load_mod, "COLD_IN_PLACE_BYTES", 64 << 20)
+    s = state()
+    ss.save(s, tmp_path / "ckpt")
+    make_cold(tmp_path / "ckpt")
+    target = blank_like(s)
+    ss.load(target, tmp_path / "ckpt")
+    assert seen == ["mapped"]
+    for k, v in s.items():
+        assert_bitwise_equal(target[k], v)
 
 
 def test_the_probe_tells_cold_pages_from_cached_ones(tmp_path: Path) -> None:

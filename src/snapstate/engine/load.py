@@ -41,6 +41,10 @@ from snapstate.state.restore import ReadRequest, RestorePlan, StoredTensor, plan
 from snapstate.storage.base import Storage, defines_with
 
 DEFAULT_READ_THREADS = 4
+# From a cold cache, states at least this large are read in place with the rollback's copies
+# made while the disk reads (512 MiB: 1.17x a raw read, mapped 1.29x); below it the mapped
+# load stays faster, the copies' per-tensor cost showing (34 MB, 308 tensors: 36 vs 42-46 ms).
+COLD_IN_PLACE_BYTES = 256 << 20
 
 
 @dataclass
@@ -107,7 +111,7 @@ def load_into(
     # mapped shards are verified before any target is written: nothing to put back
     mapped = not shared and can_map(storage, sum(t.chunk.end - t.chunk.start for t in tasks))
     waits: list[Callable[[], None]] | None = None
-    if mapped and all(reads_whole_chunk(t) for t in tasks) and not pages_cached(storage, tasks):
+    if mapped and _cold_and_large(storage, tasks):
         # Cold pages: the mapped load's second pass (a copy of the state) would add to the
         # disk's time, while copies kept aside for a rollback, made as the disk reads, do not.
         mapped = False
@@ -211,6 +215,17 @@ def tasks_per_read(
         assert record is not None
         out.append(read_tasks(req.key, record, req.target))
     return out
+
+
+def _cold_and_large(storage: Storage, tasks: list[ReadTask]) -> bool:
+    """Whether to read in place with the rollback's copies made ahead: a large state of
+    whole chunks in host memory whose shards are not in the page cache."""
+    nbytes = sum(t.chunk.end - t.chunk.start for t in tasks)
+    return (
+        nbytes >= COLD_IN_PLACE_BYTES
+        and all(reads_whole_chunk(t) for t in tasks)
+        and not pages_cached(storage, tasks)
+    )
 
 
 def pages_cached(storage: Storage, tasks: list[ReadTask]) -> bool:
