@@ -12,6 +12,7 @@ copy kept aside, and a failed load has touched no target.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import mmap
 import threading
@@ -33,7 +34,7 @@ from snapstate.engine.chunkread import (
     verify,
 )
 from snapstate.engine.readorder import FileReader, open_reader, read_from
-from snapstate.engine.staging import bits_view, byte_view, copy_threads, host_memory_bytes
+from snapstate.engine.staging import bits_view, copy_threads, host_memory_bytes
 from snapstate.errors import CorruptCheckpointError
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.planning.reshard import covering_span
@@ -64,6 +65,7 @@ class _Mapped:
     whole: bool  # the whole chunk into contiguous host memory: a plain byte copy
     span_start: int = 0
     row_start: int = 0
+    address: int = 0  # of ``data``'s first byte, for whole chunks
 
 
 def load_mapped(
@@ -79,7 +81,8 @@ def load_mapped(
     """
     files = {t.chunk.file for t in tasks}
     with _mappings(storage, files) as maps, _readers(storage, files) as readers:
-        parts = [_locate(t, maps[t.chunk.file]) for t in tasks]
+        bases = {file: _address(view) for file, view in maps.items()}
+        parts = [_locate(t, maps[t.chunk.file], bases[t.chunk.file]) for t in tasks]
         verifies, copies = _jobs(parts, readers)
         total = sum(len(p.data) for p in parts)
         # More threads only pay on large states: on 2 cores they measured slower below
@@ -154,7 +157,12 @@ def _mappings(storage: Storage, files: set[str]) -> Iterator[dict[str, memoryvie
                 m.close()
 
 
-def _locate(task: ReadTask, mapped: memoryview) -> _Mapped:
+def _address(view: memoryview) -> int:
+    """Where a mapping's bytes start in memory (valid while the mapping is open)."""
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
+
+
+def _locate(task: ReadTask, mapped: memoryview, base: int) -> _Mapped:
     chunk = task.chunk
     if len(mapped) < chunk.end:
         raise CorruptCheckpointError(
@@ -163,7 +171,8 @@ def _locate(task: ReadTask, mapped: memoryview) -> _Mapped:
             key=task.key,
         )
     if reads_whole_chunk(task):
-        return _Mapped(task, mapped[chunk.start : chunk.end], chunk.start, 0, True)
+        data = mapped[chunk.start : chunk.end]
+        return _Mapped(task, data, chunk.start, 0, True, address=base + chunk.start)
     span = covering_span(chunk_box(task), task.part, task_itemsize(task), chunk.block_bytes)
     at = chunk.start + span.start
     data = mapped[at : chunk.start + span.end]
@@ -192,9 +201,16 @@ def _verify(readers: dict[str, FileReader], part: _Mapped, begin: int, end: int)
 
 
 def _copy_whole(part: _Mapped, begin: int, end: int) -> None:
-    # numpy's copy releases the GIL: the ranges copy side by side
-    out = np.frombuffer(byte_view(part.task.target), dtype=np.uint8)[begin:end]
-    np.copyto(out, np.frombuffer(part.data, dtype=np.uint8)[begin:end])
+    # One memmove per range: hundreds of small tensors made numpy's per-call set-up a third
+    # of the copy (34 MB, 308 tensors: 4.0-4.5 ms -> 2.6 ms); ctypes calls release the GIL,
+    # so the ranges of a large state still copy side by side.
+    n = min(end, len(part.data)) - begin
+    target = part.task.target
+    if n <= 0:
+        return
+    if begin + n > target.numel() * target.element_size():  # whole: contiguous, same size
+        raise RuntimeError(f"copy of {n} bytes at {begin} overruns the target {part.task.key!r}")
+    ctypes.memmove(target.data_ptr() + begin, part.address + begin, n)
 
 
 def _copy(part: _Mapped) -> None:
