@@ -7,9 +7,9 @@ the other workers write a temporary one that they delete afterwards.
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +22,7 @@ from snapstate.bench.methods.base import (
     SnapstateAdapterMethod,
     fsync_tree,
     register,
+    watch,
 )
 
 TF_RECIPE = ("model", "optimizer", "step", "epoch")
@@ -148,9 +149,7 @@ class TFCheckpointAsync(_TFCheckpointBase):
         where.mkdir(parents=True, exist_ok=True)
         manager = tf.train.CheckpointManager(ckpt, str(where), max_to_keep=1)
         manager.save(trainer.step, options=options)
-        threading.Thread(
-            target=self._finish, args=(ckpt, where, pending), daemon=True, name="tf-async-wait"
-        ).start()
+        watch(functools.partial(self._finish, ckpt, where, pending))
 
     def _finish(self, ckpt: Any, where: Path, pending: Pending) -> None:
         try:
