@@ -249,10 +249,11 @@ def _rollback_ahead(
     reads: list[ReadRequest], per_read: list[list[ReadTask]]
 ) -> tuple[Rollback, list[Callable[[], None]]]:
     """A rollback that copies the targets aside in the order their bytes are read, while the
-    reads run, and for each task the wait for its target's copy."""
+    reads run, and for each task the wait for its target's copy. By offset first: the shards
+    are read side by side, each in file order, and each reader finds its next copy made."""
     order = sorted(
         (i for i in range(len(reads)) if per_read[i]),
-        key=lambda i: min((t.chunk.file, t.chunk.start) for t in per_read[i]),
+        key=lambda i: min((t.chunk.start, t.chunk.file) for t in per_read[i]),
     )
     position = {req: at for at, req in enumerate(order)}
     rollback = Rollback([reads[i] for i in order], ahead=True)
