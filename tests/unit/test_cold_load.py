@@ -225,3 +225,14 @@ def test_a_copy_aside_taken_after_a_tied_target_was_written_is_not_the_one_kept(
     rollback.saved(1)  # b's copy holds a's loaded bytes
     rollback.restore()
     assert torch.equal(tied, torch.full((4,), 1.0))
+
+
+def test_a_failed_copy_fails_a_rollback_made_up_front(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``ahead`` the copies are made before any read: one that fails stops the load."""
+
+    def broken(req: ReadRequest) -> Any:
+        raise MemoryError("no room for the copy")
+
+    monkeypatch.setattr(Rollback, "_save", staticmethod(broken))
+    with pytest.raises(MemoryError, match="no room"):
+        Rollback([ReadRequest("k0", torch.ones(3), False)])

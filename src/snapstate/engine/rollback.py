@@ -21,8 +21,8 @@ class Rollback:
     faster than copies into one fresh slab, whose pages all fault in on first touch.
 
     With ``ahead=True`` the copies are made on a thread of their own while the reads run, and a
-    read into request ``i`` first waits for ``saved(i)``: on a cold page cache the copies then
-    cost no time, since the reads wait for the disk.
+    read into request ``i`` first waits for ``saved(i)``: on a cold page cache the copies are
+    then made mostly while the reads wait for the disk.
     """
 
     def __init__(self, reads: list[ReadRequest], *, ahead: bool = False) -> None:
@@ -40,6 +40,8 @@ class Rollback:
             self._thread.start()
         else:
             self._save_all()
+            if self._error is not None:  # no read may start without every copy kept
+                raise self._error
 
     def _save_all(self) -> None:
         try:
