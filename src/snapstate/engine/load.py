@@ -109,9 +109,10 @@ def load_into(
         ),
     )
     # mapped shards are verified before any target is written: nothing to put back
-    mapped = not shared and can_map(storage, sum(t.chunk.end - t.chunk.start for t in tasks))
+    nbytes = sum(t.chunk.end - t.chunk.start for t in tasks)
+    mapped = not shared and can_map(storage, nbytes)
     waits: list[Callable[[], None]] | None = None
-    if mapped and _cold_and_large(storage, tasks):
+    if mapped and _cold_and_large(storage, tasks, nbytes):
         # Cold pages: the mapped load's second pass (a copy of the state) would add to the
         # disk's time, while copies kept aside for a rollback, made as the disk reads, do not.
         mapped = False
@@ -217,10 +218,10 @@ def tasks_per_read(
     return out
 
 
-def _cold_and_large(storage: Storage, tasks: list[ReadTask]) -> bool:
-    """Whether to read in place with the rollback's copies made ahead: a large state of
-    whole chunks in host memory whose shards are not in the page cache."""
-    nbytes = sum(t.chunk.end - t.chunk.start for t in tasks)
+def _cold_and_large(storage: Storage, tasks: list[ReadTask], nbytes: int) -> bool:
+    """Whether to read in place with the rollback's copies made ahead: a large state
+    (``nbytes`` to read) of whole chunks in host memory whose shards are not in the page
+    cache."""
     return (
         nbytes >= COLD_IN_PLACE_BYTES
         and all(reads_whole_chunk(t) for t in tasks)
