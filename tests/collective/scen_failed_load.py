@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,6 +10,7 @@ import torch.distributed as dist
 
 import snapstate as ss
 from snapstate.engine import load as load_mod
+from support.pagecache import drop_cached_pages
 
 from .common import pattern
 
@@ -33,17 +33,6 @@ def _corrupt_rank_local(path: str, rank: int) -> None:
         f.write(bytes([byte[0] ^ 0xFF]))
 
 
-def _drop_cached_pages(path: str) -> None:
-    """The shards' pages out of the page cache: the load finds them cold."""
-    for shard in (Path(path) / "shards").glob("*.safetensors"):
-        fd = os.open(shard, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-
-
 def corrupt_on_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
     """Save, corrupt rank 1's own bytes, load with the given transport on every rank (from a
     cold page cache when ``args["cold"]``)."""
@@ -52,7 +41,7 @@ def corrupt_on_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str
     if rank == 0:
         _corrupt_rank_local(args["path"], 1)
         if args.get("cold"):
-            _drop_cached_pages(args["path"])
+            drop_cached_pages(args["path"])
     dist.barrier()
     state = _state(rank, 2)
     before = _state(rank, 2)

@@ -20,6 +20,7 @@ from snapstate.engine.rollback import Rollback
 from snapstate.state.restore import ReadRequest
 from snapstate.storage.local import LocalStorage
 from support.bits import assert_bitwise_equal
+from support.pagecache import drop_cached_pages
 from support.states import blank_like
 from support.tensors import random_tensor
 
@@ -33,16 +34,6 @@ def state() -> dict[str, torch.Tensor]:
     out["big"] = random_tensor(torch.float32, (1 << 19,), seed=99)  # 2 MiB
     out["empty"] = torch.zeros(0)
     return out
-
-
-def make_cold(ckpt: Path) -> None:
-    for shard in (ckpt / "shards").glob("*.safetensors"):
-        fd = os.open(shard, os.O_RDONLY)
-        try:
-            os.fsync(fd)  # dirty pages cannot be dropped
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
 
 
 def shard_of(ckpt: Path, key: str) -> tuple[str, int, int]:
@@ -81,7 +72,7 @@ def test_a_small_cold_state_keeps_the_mapped_load(
     monkeypatch.setattr(load_mod, "COLD_IN_PLACE_BYTES", 64 << 20)
     s = state()
     ss.save(s, tmp_path / "ckpt")
-    make_cold(tmp_path / "ckpt")
+    drop_cached_pages(tmp_path / "ckpt")
     target = blank_like(s)
     ss.load(target, tmp_path / "ckpt")
     assert seen == ["mapped"]
@@ -93,7 +84,7 @@ def test_the_probe_tells_cold_pages_from_cached_ones(tmp_path: Path) -> None:
     ss.save(state(), tmp_path / "ckpt")
     file, start, end = shard_of(tmp_path / "ckpt", "big")
     storage = LocalStorage(str(tmp_path / "ckpt"))
-    make_cold(tmp_path / "ckpt")
+    drop_cached_pages(tmp_path / "ckpt")
     assert not storage.cached(file, [start, end - 1])
     with open(tmp_path / "ckpt" / file, "rb") as f:
         f.read()
@@ -106,7 +97,7 @@ def test_a_cold_load_reads_in_place_and_restores_every_bit(
     seen = transports(monkeypatch)
     s = state()
     ss.save(s, tmp_path / "ckpt", options=ss.SaveOptions(block_bytes=64 << 10))
-    make_cold(tmp_path / "ckpt")
+    drop_cached_pages(tmp_path / "ckpt")
     target = blank_like(s)
     ss.load(target, tmp_path / "ckpt")
     for k, v in s.items():
@@ -129,7 +120,7 @@ def test_a_corrupt_cold_shard_leaves_every_target_as_it_was(
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 0x40]))
-    make_cold(ckpt)
+    drop_cached_pages(ckpt)
     target = {k: torch.full_like(v, 7) for k, v in blank_like(s).items()}
     before = {k: v.clone() for k, v in target.items()}
     with pytest.raises(ss.CorruptCheckpointError) as info:
@@ -156,7 +147,7 @@ def test_tied_targets_get_their_first_values_back(
         byte = f.read(1)
         f.seek(-1, 1)
         f.write(bytes([byte[0] ^ 1]))
-    make_cold(ckpt)
+    drop_cached_pages(ckpt)
     tied = torch.full((1 << 18,), 3.0)
     target = {"a": tied, "b": tied, "c": torch.zeros(99)}
     with pytest.raises(ss.CorruptCheckpointError):
