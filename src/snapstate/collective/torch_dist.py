@@ -11,6 +11,7 @@ long wait never holds the connection the main thread uses.
 from __future__ import annotations
 
 import pickle
+import struct
 import threading
 import time
 import weakref
@@ -26,6 +27,8 @@ from snapstate.errors import CheckpointTimeoutError
 PREFIX = "snapstate"
 POLL_MIN_S = 0.002
 POLL_MAX_S = 0.1
+INLINE_BYTES = 512  # of an object gathered in the first collective (see _gather)
+_LENGTH = struct.Struct("<q")
 BACKGROUND_THREAD_PREFIX = "snapstate-"
 
 _instances: weakref.WeakKeyDictionary[Any, TorchDistCoordinator] = weakref.WeakKeyDictionary()
@@ -76,11 +79,7 @@ class TorchDistCoordinator:
             )
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
-            if deadline is None:
-                out: list[Any] = [None] * self.world_size
-                dist.all_gather_object(out, obj, group=self.group)
-                return out
-            return self._gather_within(obj, deadline)
+            return self._gather(obj, deadline)
         except CheckpointTimeoutError:
             raise
         except (dist.DistError, RuntimeError) as exc:
@@ -94,25 +93,45 @@ class TorchDistCoordinator:
     def all_gather_within(self, obj: Any, timeout: float) -> list[Any]:
         return self.all_gather(obj, timeout)
 
-    def _gather_within(self, obj: Any, deadline: float) -> list[Any]:
-        """``all_gather_object`` as two bounded all_gathers: the sizes, then the bytes."""
-        device = self._device()
-        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
-        size = torch.tensor([data.numel()], dtype=torch.int64, device=device)
-        sizes = [torch.zeros_like(size) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(sizes, size, group=self.group, async_op=True), deadline)
-        longest = int(max(int(s.item()) for s in sizes))
-        padded = torch.zeros(longest, dtype=torch.uint8, device=device)
-        padded[: data.numel()] = data
-        out = [torch.empty_like(padded) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(out, padded, group=self.group, async_op=True), deadline)
-        # the process group's own ranks only: what all_gather_object itself unpickles
-        return [
-            pickle.loads(o[: int(n.item())].cpu().numpy().tobytes())  # noqa: S301
-            for o, n in zip(out, sizes)
-        ]
+    def _gather(self, obj: Any, deadline: float | None) -> list[Any]:
+        """``all_gather_object`` in one collective when every rank's bytes fit ``INLINE_BYTES``.
 
-    def _wait(self, work: Any, deadline: float) -> None:
+        The first gather carries each rank's length and its first ``INLINE_BYTES``: a save's
+        offer on a cached plan fits, so a steady loop pays one collective per save, not the
+        two (sizes, then bytes) of ``all_gather_object``. Longer objects send the rest in a
+        second gather, padded to the longest rest.
+        """
+        device = self._device()
+        data = pickle.dumps(obj)
+        head = bytearray(_LENGTH.pack(len(data)) + data[:INLINE_BYTES])
+        head.extend(bytes(_LENGTH.size + INLINE_BYTES - len(head)))
+        mine = torch.frombuffer(head, dtype=torch.uint8).to(device)
+        heads = [torch.empty_like(mine) for _ in range(self.world_size)]
+        self._wait(dist.all_gather(heads, mine, group=self.group, async_op=True), deadline)
+        raw = [h.cpu().numpy().tobytes() for h in heads]
+        lengths = [_LENGTH.unpack_from(r)[0] for r in raw]
+        parts = [
+            r[_LENGTH.size : _LENGTH.size + min(n, INLINE_BYTES)] for r, n in zip(raw, lengths)
+        ]
+        longest_rest = max(lengths) - INLINE_BYTES
+        if longest_rest > 0:
+            rest = torch.zeros(longest_rest, dtype=torch.uint8, device=device)
+            if len(data) > INLINE_BYTES:
+                rest[: len(data) - INLINE_BYTES] = torch.frombuffer(
+                    bytearray(data[INLINE_BYTES:]), dtype=torch.uint8
+                )
+            rests = [torch.empty_like(rest) for _ in range(self.world_size)]
+            self._wait(dist.all_gather(rests, rest, group=self.group, async_op=True), deadline)
+            for r, (t, n) in enumerate(zip(rests, lengths)):
+                if n > INLINE_BYTES:
+                    parts[r] += t[: n - INLINE_BYTES].cpu().numpy().tobytes()
+        # the process group's own ranks only: what all_gather_object itself unpickles
+        return [pickle.loads(p) for p in parts]  # noqa: S301
+
+    def _wait(self, work: Any, deadline: float | None) -> None:
+        if deadline is None:
+            work.wait()
+            return
         left = max(0.001, deadline - time.monotonic())
         work.wait(timeout=timedelta(seconds=left))
 
