@@ -108,26 +108,6 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         return float(loss.detach())
 
-    def sync_buffers(self) -> None:
-        """Give every rank rank 0's buffers (BatchNorm running statistics).
-
-        Between steps each rank's running statistics reflect its own last batch; DDP
-        overwrites them with rank 0's at the start of the next forward, so copying them now
-        changes nothing in training but makes the replicas agree for a checkpoint.
-        """
-        if self.world <= 1 or not dist.is_initialized():
-            return
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for buf in self.module.buffers():
-            by_dtype.setdefault(buf.dtype, []).append(buf)
-        for bufs in by_dtype.values():  # one broadcast per dtype, not one per buffer
-            flat = torch.cat([b.reshape(-1) for b in bufs])
-            dist.broadcast(flat, src=0)
-            offset = 0
-            for b in bufs:
-                b.copy_(flat[offset : offset + b.numel()].view_as(b))
-                offset += b.numel()
-
     def restart_data(self) -> None:
         """Forget the live iterator, so the next batch comes from the (restored) loader state."""
         self._it = None

@@ -237,7 +237,6 @@ class _SnapstateBase(Method):
         return self._state
 
     def _start(self, trainer: Trainer, path: Path, pending: Pending) -> None:
-        trainer.sync_buffers()  # snapstate checks that replicas agree; DDP buffers do only after sync
         start_snapstate_save(self.state(trainer), path, pending, self.info.asynchronous)
 
     def load(self, trainer: Trainer, path: Path) -> None:
