@@ -11,6 +11,7 @@ from snapstate.collective.coordinator import default_coordinator
 from snapstate.collective.loadshare import fail_together
 from snapstate.collective.topology import use_read_once
 from snapstate.engine.background import wait_until_idle
+from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.save import SaveOptions, start_save
@@ -124,16 +125,20 @@ def load(
     storage = storage_for(path)
     coord = default_coordinator(process_group)
     shared = use_read_once(coord, read_once)
-    try:
-        manifest = read_manifest(storage)
-    except CheckpointError as exc:
-        if coord.world_size > 1:  # the others are entering the load's collective: fail them too
-            fail_together(coord, exc)
-        raise
-    rank = coord.rank if rank_local == "load" else None
-    if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
-        raise IncompatibleStateError(storage.root, rank_local_refusals(manifest, coord.world_size))
-    return load_into(state, storage, manifest, rank, strict=strict, coord=coord, read_once=shared)
+    with gc_paused():  # the manifest's objects would otherwise trigger full collections
+        try:
+            manifest = read_manifest(storage)
+        except CheckpointError as exc:
+            if coord.world_size > 1:  # the others are entering the load's collective: fail them
+                fail_together(coord, exc)
+            raise
+        rank = coord.rank if rank_local == "load" else None
+        if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
+            refusals = rank_local_refusals(manifest, coord.world_size)
+            raise IncompatibleStateError(storage.root, refusals)
+        return load_into(
+            state, storage, manifest, rank, strict=strict, coord=coord, read_once=shared
+        )
 
 
 def rank_local_refusals(manifest: Manifest, world_size: int) -> list[StateMismatch]:

@@ -21,6 +21,7 @@ from snapstate.engine.commit import (
     report_failure,
     write_marker,
 )
+from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
 from snapstate.engine.stageplan import Run, Single, single_run, stage_steps, witness_steps
@@ -129,14 +130,15 @@ class SaveJob:
     def run(self) -> SaveHandle:
         """The foreground steps; a blocking save also persists and commits before returning."""
         try:
-            self.agree()
-            self.clear_target()
-            started = time.perf_counter()
-            self.timings["clear_s"] = started - self.started - self.timings["plan_s"]
-            self.stage()
-            self.timings["stage_s"] = time.perf_counter() - started
-            if self.mode is SaveMode.BLOCKING:
-                return SaveHandle(result=self.finish())
+            with gc_paused():  # see engine/gcpause.py: no full collection inside the stall
+                self.agree()
+                self.clear_target()
+                started = time.perf_counter()
+                self.timings["clear_s"] = started - self.started - self.timings["plan_s"]
+                self.stage()
+                self.timings["stage_s"] = time.perf_counter() - started
+                if self.mode is SaveMode.BLOCKING:
+                    return SaveHandle(result=self.finish())
         except OSError as exc:
             raise as_checkpoint_error(exc, self.storage.root) from exc
         return SaveHandle(run=self.finish)
