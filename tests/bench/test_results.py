@@ -94,3 +94,13 @@ def test_bitwise_means_bits(tmp_path: Path) -> None:
     assert compare_params(tmp_path / "a", tmp_path / "b") == (False, 0.0)
     save_file({"v": torch.tensor([0.0])}, str(tmp_path / "c"))
     assert compare_params(tmp_path / "a", tmp_path / "c") == (False, math.inf)
+
+
+def test_repeated_loads_take_the_slowest_rank_per_load_then_the_median() -> None:
+    ranks = [rank(0, [0.1], [0.2], []), rank(1, [0.1], [0.2], [])]
+    ranks[0]["methods"]["m"]["load_s_all"] = [0.9, 0.2, 0.3]
+    ranks[1]["methods"]["m"]["load_s_all"] = [0.1, 0.4, 0.2]
+    run = {"unique_state_bytes": 400, "model_params": 100, "device": "cpu", "ranks": ranks}
+    (rec,) = records_from_run(run, "model", 0, {"m": {"format": "f"}})
+    assert rec.load_s_all == [0.9, 0.4, 0.3]
+    assert rec.load_s == pytest.approx(0.4)  # not the first, cold-process outlier

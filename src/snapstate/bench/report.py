@@ -428,7 +428,8 @@ def notes_section(doc: dict[str, Any]) -> str:
         "methods), and the method order rotates between repeats.",
         "- Times are medians over the checkpoints of a run, then median [min–max] over repeats. "
         "A save is timed from the call until its bytes are durable (every method fsyncs).",
-        "- Loads read the last checkpoint after its pages were dropped from the page cache.",
+        "- Loads read the last checkpoint after its pages were dropped from the page cache: the "
+        "median of three such loads, each timed on the slowest rank.",
         "- Overhead on a small shared machine is noisy: differences of a few percent are within noise.",
     ]
     lines += [f"- {n}" for n in doc.get("notes", [])]

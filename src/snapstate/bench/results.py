@@ -33,7 +33,7 @@ class Record:
     blocking_s: float  # training stopped for this long per checkpoint (slowest rank)
     save_s: float  # call to durable, per checkpoint (slowest rank)
     persist_s: float  # save_s - blocking_s: the part hidden in the background
-    load_s: float  # restoring the last checkpoint with cold page cache (slowest rank)
+    load_s: float  # restoring the last checkpoint, cold page cache: median of load_s_all
     train_step_s: float  # median step time while this method checkpoints
     overhead_pct: float  # training time with checkpoints vs without, in percent
     peak_rss_bytes: int  # peak resident memory while checkpointing (largest rank)
@@ -46,6 +46,7 @@ class Record:
     blocking_s_all: list[float] = field(default_factory=list)
     save_s_all: list[float] = field(default_factory=list)
     save_s_per_rank: list[float] = field(default_factory=list)
+    load_s_all: list[float] = field(default_factory=list)  # each cold load (slowest rank)
     largest_file_bytes: int = 0
     raw_write_bytes_per_s: float = 0.0  # write+fsync of plain files, same storage, same run
     write_bytes_per_s: float = 0.0  # bytes_on_disk / save_s
@@ -136,6 +137,14 @@ def _per_checkpoint_max(ranks: list[dict[str, Any]], key: str) -> list[float]:
     return [max(vals) for vals in zip(*columns, strict=True)] if columns else []
 
 
+def _per_load_max(per_rank: list[dict[str, Any]]) -> list[float]:
+    """For each timed load, the slowest rank's time (observations older than the repeated
+    loads carry one ``load_s``)."""
+    return _per_checkpoint_max(
+        [{"load": m.get("load_s_all") or [m["load_s"]]} for m in per_rank], "load"
+    )
+
+
 def records_from_run(
     run: dict[str, Any], model: str, repeat: int, infos: dict[str, Any]
 ) -> list[Record]:
@@ -186,6 +195,7 @@ def _method_record(
     segs = [m["segment"] for m in per_rank]
     blocking = _per_checkpoint_max(segs, "blocking_s")
     save = _per_checkpoint_max(segs, "save_s")
+    loads = _per_load_max(per_rank)
     files = per_rank[0]["files"]
     by_rank = [sum(f["bytes"] for f in files if f["rank"] == r) for r in range(world)]
     train_s = max(s["train_s"] for s in segs)
@@ -203,7 +213,7 @@ def _method_record(
         blocking_s=median(blocking),
         save_s=median(save),
         persist_s=median([s - b for s, b in zip(save, blocking, strict=True)]),
-        load_s=max(m["load_s"] for m in per_rank),
+        load_s=median(loads),
         train_step_s=max(median(s["step_s"]) for s in segs),
         overhead_pct=100.0 * (train_s - reference) / reference,
         peak_rss_bytes=max(s["peak_rss"] for s in segs),
@@ -219,6 +229,7 @@ def _method_record(
         blocking_s_all=blocking,
         save_s_all=save,
         save_s_per_rank=[median(s["save_s"]) for s in segs],
+        load_s_all=loads,
         largest_file_bytes=max((f["bytes"] for f in files), default=0),
         write_bytes_per_s=on_disk / median(save) if save and median(save) > 0 else 0.0,
         extra=_extra(per_rank[0]),

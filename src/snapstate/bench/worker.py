@@ -132,6 +132,11 @@ def evict_from_cache(path: Path) -> None:
             os.close(fd)
 
 
+# A cold load of a small state takes tens of milliseconds and the disk's latency varies by
+# as much: one load per record made the load column swing by 1.5x between runs.
+LOAD_REPEATS = 3
+
+
 def time_load(trainer: BenchTrainer, method: Method, path: Path) -> float:
     barrier()
     if hasattr(os, "posix_fadvise"):
@@ -156,7 +161,8 @@ def measure_method(trainer: BenchTrainer, job: MeasureJob, name: str, root: Path
     try:
         seg = run_segment(trainer, job, method, root)
         last = Path(seg.paths[-1])
-        out: dict[str, Any] = {"segment": asdict(seg), "load_s": time_load(trainer, method, last)}
+        loads = [time_load(trainer, method, last) for _ in range(LOAD_REPEATS)]
+        out: dict[str, Any] = {"segment": asdict(seg), "load_s_all": loads}
         out["files"] = files_by_rank(method, last) if trainer.rank == 0 else []
         out["manifest"] = (
             manifest_totals(last) if trainer.rank == 0 and name.startswith("snapstate") else None
