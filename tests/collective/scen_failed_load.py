@@ -54,13 +54,16 @@ def corrupt_on_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str
         return real_rollback(reads, ahead=ahead)
 
     load_mod.Rollback = recording  # type: ignore[assignment,misc]
-    load_mod.COLD_IN_PLACE_BYTES = 0  # this small state read in place when cold
+    real_can_map = load_mod.can_map
+    if args.get("cold"):  # read in place, as a state beyond a quarter of memory is
+        load_mod.can_map = lambda *_: False  # type: ignore[assignment]
     try:
         ss.load(state, args["path"], read_once=args["read_once"])
     except ss.CheckpointError as exc:
         error = type(exc).__name__
     finally:
         load_mod.Rollback = real_rollback  # type: ignore[misc]
+        load_mod.can_map = real_can_map  # type: ignore[assignment]
     unchanged = (
         torch.equal(state["w"], before["w"])
         and torch.equal(state["mine"].value["x"], before["mine"].value["x"])

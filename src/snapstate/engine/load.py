@@ -41,10 +41,6 @@ from snapstate.state.restore import ReadRequest, RestorePlan, StoredTensor, plan
 from snapstate.storage.base import Storage, defines_with
 
 DEFAULT_READ_THREADS = 4
-# From a cold cache, states at least this large are read in place with the rollback's copies
-# made while the disk reads (512 MiB: 1.17x a raw read, mapped 1.29x); below it the mapped
-# load stays faster, the copies' per-tensor cost showing (34 MB, 308 tensors: 36 vs 42-46 ms).
-COLD_IN_PLACE_BYTES = 256 << 20
 
 
 @dataclass
@@ -108,14 +104,15 @@ def load_into(
             mismatched=plan.mismatches,
         ),
     )
-    # mapped shards are verified before any target is written: nothing to put back
+    # Mapped shards are verified before any target is written: nothing to put back. Cold
+    # pages too: the copies a rollback keeps go to fresh host memory, whose first touch cost
+    # 4-7x a copy into allocated memory here (512 MiB cold: mapped 1.08-1.18x a raw read,
+    # in place with copies made while the disk reads 1.28-2.4x).
     nbytes = sum(t.chunk.end - t.chunk.start for t in tasks)
     mapped = not shared and can_map(storage, nbytes)
     waits: list[Callable[[], None]] | None = None
-    if mapped and _cold_and_large(storage, tasks, nbytes):
-        # Cold pages: the mapped load's second pass (a copy of the state) would add to the
-        # disk's time, while copies kept aside for a rollback, made as the disk reads, do not.
-        mapped = False
+    if not shared and not mapped and _cold_whole_chunks(storage, tasks):
+        # Too large to map: the copies are made while the disk reads, not all before it.
         rollback, waits = _rollback_ahead(plan.reads, per_read)
     else:
         rollback = Rollback([] if mapped else plan.reads)
@@ -218,15 +215,10 @@ def tasks_per_read(
     return out
 
 
-def _cold_and_large(storage: Storage, tasks: list[ReadTask], nbytes: int) -> bool:
-    """Whether to read in place with the rollback's copies made ahead: a large state
-    (``nbytes`` to read) of whole chunks in host memory whose shards are not in the page
-    cache."""
-    return (
-        nbytes >= COLD_IN_PLACE_BYTES
-        and all(reads_whole_chunk(t) for t in tasks)
-        and not pages_cached(storage, tasks)
-    )
+def _cold_whole_chunks(storage: Storage, tasks: list[ReadTask]) -> bool:
+    """Whether to read in place with the rollback's copies made ahead: whole chunks into host
+    memory from shards that are not in the page cache."""
+    return all(reads_whole_chunk(t) for t in tasks) and not pages_cached(storage, tasks)
 
 
 def pages_cached(storage: Storage, tasks: list[ReadTask]) -> bool:
