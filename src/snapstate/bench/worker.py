@@ -133,8 +133,10 @@ def evict_from_cache(path: Path) -> None:
 
 
 # A cold load of a small state takes tens of milliseconds and the disk's latency varies by
-# as much: one load per record made the load column swing by 1.5x between runs.
-LOAD_REPEATS = 3
+# as much: one load per record made the load column swing by 1.5x between runs, and with
+# three the two-rank loads of one method still spread over 33-86 ms (each load costs the
+# demo about 0.1 s per method and record).
+LOAD_REPEATS = 5
 
 
 def time_load(trainer: BenchTrainer, method: Method, path: Path) -> float:
