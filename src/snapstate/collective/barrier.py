@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from snapstate.collective.coordinator import Coordinator
-from snapstate.collective.key_wait import KeysTimeoutError
+from snapstate.collective.key_wait import KeysTimeoutError, Poll
 from snapstate.errors import CheckpointError, CheckpointTimeoutError, ReplicaMismatchError
 
 OK = "ok"
@@ -70,10 +70,9 @@ class StoreBarrier:
         self.coord.publish(self.decision_key, outcome)
         waiting = sum(1 for r, o in arrived.items() if r != self.root and o == OK)
         deadline = time.monotonic() + wait
-        pause = 0.001
+        poll = Poll()
         while self.coord.add(self._ack_key, 0) < waiting and time.monotonic() < deadline:
-            time.sleep(pause)
-            pause = min(pause * 2, 0.05)
+            poll.sleep()
         if waiting == self.coord.world_size - 1:
             self.coord.delete_keys([self.decision_key, self._ack_key])
 

@@ -21,12 +21,10 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from snapstate.collective.key_wait import KeysTimeoutError
+from snapstate.collective.key_wait import KeysTimeoutError, Poll
 from snapstate.errors import CheckpointTimeoutError
 
 PREFIX = "snapstate"
-POLL_MIN_S = 0.002
-POLL_MAX_S = 0.1
 INLINE_BYTES = 512  # of an object gathered in the first collective (see _gather)
 _LENGTH = struct.Struct("<q")
 BACKGROUND_THREAD_PREFIX = "snapstate-"
@@ -147,7 +145,7 @@ class TorchDistCoordinator:
     def await_keys(self, keys: list[str], timeout: float) -> list[str]:
         """Values of ``keys`` once all exist; KeysTimeoutError naming the missing ones otherwise."""
         deadline = time.monotonic() + timeout
-        pause = POLL_MIN_S
+        poll = Poll()
         while not self._call(lambda s: s.check(keys)):
             if time.monotonic() >= deadline:
                 missing = self.missing(keys)
@@ -157,8 +155,7 @@ class TorchDistCoordinator:
                         missing,
                     )
                 break
-            time.sleep(pause)
-            pause = min(pause * 2, POLL_MAX_S)
+            poll.sleep()
         return [v.decode() for v in self._call(lambda s: s.multi_get(keys))]
 
     def missing(self, keys: list[str]) -> list[str]:
