@@ -151,8 +151,8 @@ def install_pause(pause: Pause) -> None:
         return wrapped
 
     def stage(orig: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapped(self: Any, piece: torch.Tensor) -> Any:
-            out = orig(self, piece)
+        def wrapped(self: Any, piece: torch.Tensor, *a: Any) -> Any:
+            out = orig(self, piece, *a)
             pause.hit("stage", staging["path"])
             return out
 

@@ -395,7 +395,8 @@ def _stage_all(
                 continue
             views = _run_sources(flat, step)
             if step.batchable and stager.runnable(views):
-                writer.submit_run(step.parts, stager.stage_run(views, step.layout))
+                staged = stager.stage_run(views, step.layout, step.placed[0].start)
+                writer.submit_run(step.parts, staged)
                 continue
             for placed, view in zip(step.placed, views):  # mixed devices, strides, dtypes
                 _stage_single(placed, view, writer, stager, piece_bytes)
@@ -424,7 +425,7 @@ def _stage_single(
     small = 0 < placed.item.nbytes <= min(SMALL_CHUNK_BYTES, piece_bytes)
     if small and stager.batchable(view):
         run = single_run(placed)
-        writer.submit_run(run.parts, stager.stage_run([view], run.layout))
+        writer.submit_run(run.parts, stager.stage_run([view], run.layout, placed.start))
     else:
         _stage_pieces(placed, view, writer, stager, piece_bytes)
 
@@ -467,7 +468,8 @@ def _stage_pieces(
 ) -> None:
     pieces = list(row_pieces(view, piece_bytes))
     for i, (offset, rows) in enumerate(pieces):
-        writer.submit(placed, offset, stager.stage(rows), last=i == len(pieces) - 1)
+        staged = stager.stage(rows, placed.start + offset)
+        writer.submit(placed, offset, staged, last=i == len(pieces) - 1)
 
 
 def _marker(

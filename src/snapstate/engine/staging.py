@@ -25,9 +25,13 @@ from snapstate.state.views import GatheredBytes, StagedBytes, gathered
 from snapstate.state.views import bits_view as bits_view
 from snapstate.state.views import byte_view as byte_view
 from snapstate.state.views import row_pieces as row_pieces
+from snapstate.storage.local import DIRECT_ALIGN
 
 DEFAULT_SLAB_BYTES = 64 << 20
 ALIGN = 64
+# Bytes bound for a file offset start at an address that agrees with it modulo a page, so
+# that the writer can send them past the page cache (storage/local.py: O_DIRECT).
+PAGE_ALIGN = DIRECT_ALIGN
 MAX_SLAB_VIEWS = 1 << 16
 # Chunks up to this size are staged in runs by a blocking save (it copies runs and writes
 # larger chunks from the caller's memory); an async save copies everything, so its runs take
@@ -58,8 +62,13 @@ class Slab:
     """One host buffer; pieces are bump-allocated into it and released by the writer."""
 
     def __init__(self, nbytes: int, pinned: bool) -> None:
-        self.buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=pinned)
-        self.nbytes = nbytes
+        # Page-aligned, with a page to spare: a piece of the full size can still be placed
+        # at the address its file offset asks for (``HostBufferPool.reserve``).
+        raw = torch.empty(nbytes + 2 * PAGE_ALIGN, dtype=torch.uint8, pin_memory=pinned)
+        skip = -raw.data_ptr() % PAGE_ALIGN
+        self.buffer = raw[skip : skip + nbytes + PAGE_ALIGN]
+        self.nbytes = nbytes  # the budget's count; the room is a page more
+        self.room = nbytes + PAGE_ALIGN
         self.used = 0
         self.in_flight = 0
         self.sealed = False
@@ -111,21 +120,27 @@ class HostBufferPool:
         return self._allocated
 
     def reserve(
-        self, nbytes: int, timeout: float | None, before_wait: Callable[[], None] | None = None
+        self,
+        nbytes: int,
+        timeout: float | None,
+        before_wait: Callable[[], None] | None = None,
+        file_offset: int | None = None,
     ) -> tuple[Slab, int]:
         """A slab and offset with room for ``nbytes``; waits while the budget is spent.
 
         ``before_wait`` runs first when the call would wait: it hands held pieces to the
         writer, the only one that can free a slab (it must not take the pool's lock).
+        With ``file_offset`` (where the bytes go in their file) the offset agrees with it
+        modulo a page.
         """
         with self._cond:
             slab = self._current
-            if slab is not None and slab.used + nbytes <= slab.nbytes:
-                return self._take(slab, nbytes)
+            if slab is not None and _placed(slab.used, file_offset) + nbytes <= slab.room:
+                return self._take(slab, nbytes, file_offset)
             self._seal_current()
             slab = self._new_slab(max(nbytes, self.slab_bytes), timeout, before_wait)
             self._current = slab
-            return self._take(slab, nbytes)
+            return self._take(slab, nbytes, file_offset)
 
     def release(self, slab: Slab) -> None:
         with self._cond:
@@ -143,8 +158,8 @@ class HostBufferPool:
             self._allocated -= sum(s.nbytes for s in self._free)
             self._free.clear()
 
-    def _take(self, slab: Slab, nbytes: int) -> tuple[Slab, int]:
-        offset = slab.used
+    def _take(self, slab: Slab, nbytes: int, file_offset: int | None) -> tuple[Slab, int]:
+        offset = _placed(slab.used, file_offset)
         slab.used = -(-(offset + nbytes) // ALIGN) * ALIGN
         slab.in_flight += 1
         return slab, offset
@@ -185,6 +200,11 @@ class HostBufferPool:
         self._allocated += nbytes
         self.peak_bytes = max(self.peak_bytes, self._allocated)
         return Slab(nbytes, self.pin)
+
+
+def _placed(used: int, file_offset: int | None) -> int:
+    """The first offset from ``used`` that agrees with ``file_offset`` modulo a page."""
+    return used if file_offset is None else used + (file_offset - used) % PAGE_ALIGN
 
 
 COPY_SEGMENT_BYTES = 8 << 20
@@ -292,10 +312,12 @@ class Stager:
         if self.stream is not None:
             self.stream.wait_stream(torch.cuda.current_stream())
 
-    def stage(self, piece: torch.Tensor) -> StagedBytes:
+    def stage(self, piece: torch.Tensor, file_offset: int | None = None) -> StagedBytes:
+        """One piece: in place for a blocking save, else copied into the pool (at an address
+        that agrees with ``file_offset``, where the piece goes in its file, modulo a page)."""
         if self.pool is None and piece.device.type == "cpu" and piece.is_contiguous():
             return StagedBytes(byte_view(piece), None, None)  # zero-copy: the caller blocks anyway
-        return self._copy(piece)
+        return self._copy(piece, file_offset)
 
     def batchable(self, view: torch.Tensor) -> bool:
         """Whether this chunk may be staged in a run (one batched copy for many chunks)."""
@@ -315,7 +337,7 @@ class Stager:
         )
 
     def stage_run(
-        self, views: list[torch.Tensor], layout: RunLayout
+        self, views: list[torch.Tensor], layout: RunLayout, file_offset: int | None = None
     ) -> StagedBytes | GatheredBytes:
         """Copy whole chunks into one range laid out by ``layout`` (see ``copy_run``), or in
         a blocking save, hand them over where they lie (the caller waits for the writes).
@@ -326,7 +348,7 @@ class Stager:
         nbytes = layout.nbytes
         if self.pool is None:  # blocking save: written from the caller's memory, in one go
             return gathered([byte_view(v) for v in views], layout.offsets, nbytes)
-        slab, start = self.pool.reserve(nbytes, self.timeout, self.before_wait)
+        slab, start = self.pool.reserve(nbytes, self.timeout, self.before_wait, file_offset)
         pool = self.pool
         try:
             dsts = slab.run_views(start, layout)
@@ -365,12 +387,12 @@ class Stager:
             # later updates wait for our copies
             torch.cuda.current_stream().wait_stream(self.stream)
 
-    def _copy(self, piece: torch.Tensor) -> StagedBytes:
+    def _copy(self, piece: torch.Tensor, file_offset: int | None) -> StagedBytes:
         nbytes = piece.numel() * piece.element_size()
         if self.pool is None:  # blocking save of a non-contiguous or device tensor
             host = bits_view(piece.detach()).to("cpu").contiguous()
             return StagedBytes(byte_view(host), None, None)
-        slab, offset = self.pool.reserve(nbytes, self.timeout, self.before_wait)
+        slab, offset = self.pool.reserve(nbytes, self.timeout, self.before_wait, file_offset)
         dst = slab.buffer[offset : offset + nbytes].view(piece.dtype).view(piece.shape)
         pool = self.pool
         if self.stream is not None and piece.device.type == "cuda":
