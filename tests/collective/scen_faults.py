@@ -10,7 +10,10 @@ from typing import Any
 import torch
 
 import snapstate as ss
+from snapstate.collective import replica_check
 from snapstate.engine import persist
+from snapstate.engine import save as save_engine
+from snapstate.format import integrity
 
 from .common import digest, pattern
 
@@ -100,7 +103,10 @@ def perturbed_replica_rotating(rank: int, world: int, args: dict[str, Any]) -> d
     holders - 1 saves; the saves before it that pass are real, committed checkpoints."""
     state = {"model": values(1)}
     mode = args.get("mode", "blocking")
-    # async: the witnessed chunks are staged (in runs; in pieces when a piece is smaller)
+    if mode in ("async-runs", "async-pieces"):
+        # the witnessed chunks staged as a device's would be (in runs; in pieces when a
+        # piece is smaller), not hashed where they lie in host memory
+        save_engine.hashed_where_it_lies = lambda source, mode: False  # type: ignore[assignment]
     options = ss.SaveOptions(piece_bytes=32 << 10) if mode == "async-pieces" else None
     pool = ss.HostBufferPool(slab_bytes=32 << 10 if options else 64 << 20)
 
@@ -137,3 +143,26 @@ def dead_before_save(rank: int, world: int, args: dict[str, Any]) -> dict[str, A
         "timeout_error": outcome.endswith("TimeoutError"),
         "seconds": time.monotonic() - started,
     }
+
+
+def witness_snapshot(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Every rank changes its (replicated) tensors the moment ``async_save`` returns, while
+    its witness hashes are slowed down: they still hash the values being saved (the save
+    waits for them), so the commit finds no mismatch and the checkpoint holds those values."""
+
+    class SlowHasher(integrity.BlockHasher):
+        def update(self, data: memoryview) -> None:
+            time.sleep(0.05)
+            super().update(data)
+
+    replica_check.BlockHasher = SlowHasher  # type: ignore[misc]
+    state = {"model": {"w": pattern((256, 64), 7), "b": pattern((300,), 8)}}
+    before = {k: digest(v) for k, v in state["model"].items()}
+    handle = ss.async_save(state, args["path"])
+    with torch.no_grad():
+        state["model"]["w"].add_(1.0)
+        state["model"]["b"].mul_(2.0)
+    handle.wait()
+    restored = {"model": {k: torch.zeros_like(v) for k, v in state["model"].items()}}
+    ss.load(restored, args["path"])
+    return {"saved": {k: digest(v) for k, v in restored["model"].items()} == before}

@@ -77,7 +77,7 @@ def test_perturbed_replica_is_caught(ranks: RankServer, tmp_path: Path, world: i
 
 @pytest.mark.parametrize(
     ("world", "mode"),
-    [(2, "blocking"), (3, "blocking"), (3, "async-runs"), (2, "async-pieces")],
+    [(2, "blocking"), (3, "blocking"), (2, "async"), (3, "async-runs"), (2, "async-pieces")],
 )
 def test_rotating_witness_catches_a_diverged_replica_within_holders_minus_one_saves(
     ranks: RankServer, tmp_path: Path, world: int, mode: str
@@ -92,3 +92,12 @@ def test_rotating_witness_catches_a_diverged_replica_within_holders_minus_one_sa
         assert "'model/w'" in r["error"] and "rank(s) [1] hold" in r["error"]
     failed = tmp_path / f"ckpt-{caught.pop()}"
     assert not (failed / "manifest.json").exists()
+
+
+def test_async_witnesses_hash_the_saved_values(ranks: RankServer, tmp_path: Path) -> None:
+    """The replicas an async save witnesses in host memory are hashed before it returns."""
+    args = {"path": str(tmp_path / "ckpt")}
+    results = ranks.run(
+        "collective.scen_faults:witness_snapshot", 2, args, tmp_path / "job"
+    ).check()
+    assert all(r["saved"] for r in results), results

@@ -58,25 +58,22 @@ def device_fingerprint(t: torch.Tensor) -> str:
 
 
 class WitnessHasher:
-    """Hashes, in the background, this rank's copy of chunks other ranks write.
+    """Hashes, on a background thread, this rank's copy of chunks other ranks write.
 
     The digests are xxh3 blocks like the writer's own checksums, so the coordinator compares
-    them with what the writer's marker reports; the writer's side costs nothing extra. An
-    async save stages its witness share (a snapshot, like the bytes it writes) and returns at
-    once; a blocking save hashes straight from memory while its own writes run.
+    them with what the writer's marker reports; the writer's side costs nothing extra. Chunks
+    in host memory are hashed where they lie while the save stages its own share (an async
+    save waits for them, ``mark``, before it returns); chunks on a device are staged first.
     """
 
-    def __init__(self, block_bytes: int, hold: bool = False) -> None:
+    def __init__(self, block_bytes: int) -> None:
         self.block_bytes = block_bytes
         self.digests: dict[str, tuple[str, ...]] = {}
         self.seconds = 0.0
         self._error: BaseException | None = None
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="snapstate-witness", daemon=True)
-        # An async save holds the hashing until its staging ends (``close``): on a few cores
-        # the hashes would slow the copies that training waits for.
-        if not hold:
-            self._thread.start()
+        self._thread.start()
 
     def submit(self, name: str, data: StagedBytes | torch.Tensor, last: bool) -> None:
         """Bytes of chunk ``name``, in order: staged (async) or a tensor in memory (blocking)."""
@@ -86,10 +83,14 @@ class WitnessHasher:
         """Whole chunks staged together: (name, first byte, end byte) of each in ``staged``."""
         self._jobs.put((tuple((n, b, e, True) for n, b, e in parts), staged))
 
+    def mark(self) -> threading.Event:
+        """An event set once every chunk submitted so far is hashed (or the hashing failed)."""
+        done = threading.Event()
+        self._jobs.put(done)
+        return done
+
     def close(self) -> None:
         self._jobs.put(None)
-        if self._thread.ident is None:
-            self._thread.start()
 
     def result(self) -> dict[str, tuple[str, ...]]:
         self._thread.join()
@@ -101,6 +102,9 @@ class WitnessHasher:
         started = time.perf_counter()
         hashers: dict[str, BlockHasher] = {}
         while (job := self._jobs.get()) is not None:
+            if isinstance(job, threading.Event):
+                job.set()
+                continue
             parts, data = job
             try:
                 if self._error is None:

@@ -205,10 +205,11 @@ class SaveJob:
             piece_bytes = self._piece_bytes()
             # an async save copies every chunk anyway: runs take any chunk that fits a slab
             run_chunk_bytes = piece_bytes if self.pool is not None else SMALL_CHUNK_BYTES
+            on_device = self._start_witnesses()
             _stage_all(
                 self.agreed.flat, rank_plan, self.writer, stager, piece_bytes, run_chunk_bytes
             )
-            self._stage_witnesses(stager)
+            self._finish_witnesses(stager, on_device)
             stager.finish()
         except BaseException as exc:
             self._fail(exc)
@@ -262,26 +263,50 @@ class SaveJob:
         return self._result(commit_s)
 
     # -- helpers -----------------------------------------------------------------------
-    def _stage_witnesses(self, stager: Stager) -> None:
-        """Hand this rank's copy of the chunks it witnesses to a background hasher."""
+    def _start_witnesses(self) -> list[WriteItem]:
+        """Start hashing this rank's copy of the chunks it witnesses, where it lies in host
+        memory, on a background thread while this one stages its own share.
+
+        Why not stage them like the written chunks: hashing reads the bytes once, where a copy
+        reads and writes them and its hash reads them again. Returns the witnessed chunks on a
+        device: an async save stages those and hashes the copies afterwards.
+        """
         agreed, options = self.agreed, self.options
         assert agreed is not None
         if options.verify_replicas != "hash" or self.coord.world_size == 1 or not agreed.replicas:
-            return
+            return []
         items = witnessed_by(
             agreed.witness, self.coord.rank, agreed.turn, options.replica_witnesses
         )
-        blocking = self.mode is SaveMode.BLOCKING
-        hasher = self.hasher = WitnessHasher(options.block_bytes, hold=not blocking)
+        hasher = self.hasher = WitnessHasher(options.block_bytes)
+        on_device = []
+        with torch.no_grad():
+            for item in items:
+                source = _source(agreed.flat, item)
+                if hashed_where_it_lies(source, self.mode):
+                    hasher.submit(item.name, source, last=True)
+                else:
+                    on_device.append(item)
+        return on_device
+
+    def _finish_witnesses(self, stager: Stager, on_device: list[WriteItem]) -> None:
+        """An async save waits until the host chunks are hashed (training may change them once
+        it returns) and stages the device ones; a blocking save lets the hasher run on."""
+        hasher = self.hasher
+        if hasher is None:
+            return
+        hashed = hasher.mark() if self.mode is SaveMode.ASYNC else None
         try:
-            with torch.no_grad():
-                if blocking:  # hashed from memory while we write
-                    for item in items:
-                        hasher.submit(item.name, _source(agreed.flat, item), last=True)
-                    return
-                _stage_witness_copies(agreed.flat, items, hasher, stager, self._piece_bytes())
+            if on_device:
+                assert self.agreed is not None
+                with torch.no_grad():
+                    _stage_witness_copies(
+                        self.agreed.flat, on_device, hasher, stager, self._piece_bytes()
+                    )
         finally:
             hasher.close()
+        if hashed is not None:
+            hashed.wait()
 
     def _piece_bytes(self) -> int:
         # Pieces no larger than a slab: an oversized piece would take a one-off slab each save.
@@ -428,6 +453,12 @@ def _stage_single(
         writer.submit_run(run.parts, stager.stage_run([view], run.layout, placed.start))
     else:
         _stage_pieces(placed, view, writer, stager, piece_bytes)
+
+
+def hashed_where_it_lies(source: torch.Tensor, mode: SaveMode) -> bool:
+    """Whether a witnessed chunk is hashed from the caller's memory: in a blocking save
+    always, in an async save when it is in host memory (a device's bytes are staged first)."""
+    return mode is SaveMode.BLOCKING or source.device.type == "cpu"
 
 
 def _stage_witness_copies(
