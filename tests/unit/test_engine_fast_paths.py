@@ -14,6 +14,7 @@ import torch
 
 import snapstate as ss
 from snapstate.engine import staging
+from snapstate.format.dtypes import empty_bytes
 from support.bits import assert_bitwise_equal
 from support.states import blank_like
 from support.tensors import random_tensor
@@ -292,3 +293,25 @@ def test_ranks_on_one_host_share_its_cores_for_copies(monkeypatch: pytest.Monkey
     assert staging.copy_threads() == 1 <= alone == min(8, cores)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
     assert staging.copy_threads() == alone
+
+
+def test_buffers_are_not_filled_under_deterministic_algorithms(tmp_path: Path) -> None:
+    """Staging slabs and read scratch skip torch's fill of new memory (uint8: 255) under
+    ``torch.use_deterministic_algorithms``, a pass over bytes overwritten at once; a save
+    and a load under it are still bitwise."""
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        assert bool((torch.empty(4 * MiB, dtype=torch.uint8) == 255).all())  # torch fills
+        fresh = empty_bytes(4 * MiB)
+        assert not bool((fresh == 255).all()) and fresh.data_ptr() % 64 == 0
+        slab = staging.Slab(4 * MiB, pinned=False)
+        assert not bool((slab.buffer == 255).all())
+        assert slab.buffer.data_ptr() % staging.PAGE_ALIGN == 0
+        state = {"w": random_tensor(torch.float32, (512, 256), seed=3)}
+        ss.async_save(state, str(tmp_path / "ckpt"), pool=ss.HostBufferPool()).wait()
+        restored = blank_like(state)
+        ss.load(restored, str(tmp_path / "ckpt"))
+        assert_bitwise_equal(restored["w"], state["w"])
+    finally:
+        torch.use_deterministic_algorithms(was)

@@ -27,7 +27,7 @@ from snapstate.engine.chunkread import (
     verify,
 )
 from snapstate.engine.staging import bits_view, byte_view
-from snapstate.format.dtypes import dtype_from_name
+from snapstate.format.dtypes import dtype_from_name, empty_bytes
 from snapstate.planning.readplan import DEFAULT_BATCH_BYTES, Batch, ReadPlan, Span, plan_reads
 from snapstate.planning.reshard import covering_span
 from snapstate.storage.base import Storage
@@ -134,7 +134,7 @@ def _read_need(storage: Storage, need: Need, stats: SharedLoadStats, finish: boo
 def _buffer(need: Need) -> torch.Tensor:
     if need.direct:
         return need.tasks[0].target.detach().reshape(-1).view(torch.uint8)
-    return torch.empty(need.span.nbytes, dtype=torch.uint8)
+    return empty_bytes(need.span.nbytes)
 
 
 def _copy_out(need: Need) -> None:
@@ -192,7 +192,7 @@ def _batch_buffer(
         return need.buffer, []
     if sending:
         return torch.cat([needs[s].buffer for s in batch.spans]), []  # type: ignore[misc]
-    return torch.empty(batch.nbytes, dtype=torch.uint8), list(batch.spans)
+    return empty_bytes(batch.nbytes), list(batch.spans)
 
 
 def _scatter(buffer: torch.Tensor, spans: list[Span], needs: dict[Span, Need]) -> None:

@@ -31,7 +31,7 @@ from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
 from snapstate.engine.staging import bits_view, byte_view
 from snapstate.errors import IncompatibleStateError, SkippedKeys
-from snapstate.format.dtypes import dtype_from_name
+from snapstate.format.dtypes import dtype_from_name, empty_bytes
 from snapstate.format.dtypes import itemsize as dtype_itemsize
 from snapstate.format.manifest import Manifest, TensorRecord
 from snapstate.planning.items import Box
@@ -335,7 +335,7 @@ def read_one(storage: Storage, task: ReadTask) -> int:
         verify(target_bytes, 0, chunk, task.key)
         return nbytes
     span = covering_span(chunk_box, task.part, itemsize, chunk.block_bytes)
-    buffer = torch.empty(span.end - span.start, dtype=torch.uint8)
+    buffer = empty_bytes(span.end - span.start)
     view = byte_view(buffer)
     read_bytes(storage, chunk, chunk.start + span.start, view, task.key)
     verify(view, span.first_block, chunk, task.key)

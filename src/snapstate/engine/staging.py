@@ -19,6 +19,7 @@ import torch
 
 from snapstate.engine.stageplan import BATCH_DTYPES, RunLayout
 from snapstate.errors import CheckpointTimeoutError
+from snapstate.format.dtypes import empty_bytes
 from snapstate.state.views import GatheredBytes, StagedBytes, gathered
 
 # Re-exported: engine/load.py and collective/loadshare.py import them from here.
@@ -64,9 +65,12 @@ class Slab:
     def __init__(self, nbytes: int, pinned: bool) -> None:
         # Page-aligned, with a page to spare: a piece of the full size can still be placed
         # at the address its file offset asks for (``HostBufferPool.reserve``).
-        raw = torch.empty(nbytes + 2 * PAGE_ALIGN, dtype=torch.uint8, pin_memory=pinned)
-        skip = -raw.data_ptr() % PAGE_ALIGN
-        self.buffer = raw[skip : skip + nbytes + PAGE_ALIGN]
+        if pinned:
+            raw = torch.empty(nbytes + 2 * PAGE_ALIGN, dtype=torch.uint8, pin_memory=True)
+            skip = -raw.data_ptr() % PAGE_ALIGN
+            self.buffer = raw[skip : skip + nbytes + PAGE_ALIGN]
+        else:  # not torch.empty: see empty_bytes
+            self.buffer = empty_bytes(nbytes + PAGE_ALIGN, align=PAGE_ALIGN)
         self.nbytes = nbytes  # the budget's count; the room is a page more
         self.room = nbytes + PAGE_ALIGN
         self.used = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import torch
 
 from snapstate.errors import CorruptCheckpointError
@@ -111,14 +112,26 @@ with warnings.catch_warnings():  # complex32 warns that it is experimental
         _ITEMSIZES[_dtype] = torch.empty(0, dtype=_dtype).element_size()
 
 
-def empty_tensor(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
-    """Uninitialized storage for any dtype, allocated as bytes.
+BYTES_ALIGN = 64  # what torch's CPU allocator gives: every dtype's view of the bytes is aligned
 
-    Going through uint8 keeps this working under ``torch.use_deterministic_algorithms``, which
-    otherwise fills new memory and has no fill kernel for bit and sub-byte dtypes.
+
+def empty_bytes(nbytes: int, align: int = BYTES_ALIGN) -> torch.Tensor:
+    """Uninitialized host bytes whose first byte is ``align``-aligned.
+
+    Why not ``torch.empty``: under ``torch.use_deterministic_algorithms(True)`` (how a bitwise
+    resume is trained) it fills new memory, a pass over bytes the caller overwrites at once;
+    in a training process here, a 64 MiB staging slab took 27 ms instead of microseconds.
     """
+    raw = np.empty(nbytes + align, np.uint8)
+    skip = -raw.__array_interface__["data"][0] % align
+    return torch.from_numpy(raw[skip : skip + nbytes])
+
+
+def empty_tensor(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialized storage for any dtype, allocated as bytes (see ``empty_bytes``; torch's
+    fill under deterministic algorithms has no kernel for bit and sub-byte dtypes either)."""
     nbytes = math.prod(shape) * itemsize(dtype)
-    return torch.empty(nbytes, dtype=torch.uint8).view(dtype).view(tuple(shape))
+    return empty_bytes(nbytes).view(dtype).view(tuple(shape))
 
 
 def safetensors_entry(name: str, shape: tuple[int, ...], nbytes: int) -> tuple[str, list[int]]:
