@@ -6,8 +6,10 @@ without a trace. Each chunk of a replicated box is written (and checksummed) by 
 the other holders, its witnesses (all of them, or a rotating share: ``SaveOptions.
 replica_witnesses``), hash their own copy in a background thread and list the hashes in
 their markers. The coordinator compares them with the writer's checksums before it commits,
-so the check costs no collective and no wait on the training thread: a mismatch means no
-manifest and a ReplicaMismatchError naming keys and ranks on every rank.
+so the check costs no collective; an async save waits only for the part of its hashing that
+outlasts its own staging copies (it hashes host memory where it lies, which must not change
+before it is read). A mismatch means no manifest and a ReplicaMismatchError naming keys and
+ranks on every rank.
 """
 
 from __future__ import annotations
