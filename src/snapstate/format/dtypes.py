@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import numpy as np
 import torch
 
 from snapstate.errors import CorruptCheckpointError
@@ -122,9 +121,11 @@ def empty_bytes(nbytes: int, align: int = BYTES_ALIGN) -> torch.Tensor:
     resume is trained) it fills new memory, a pass over bytes the caller overwrites at once;
     in a training process here, a 64 MiB staging slab took 27 ms instead of microseconds.
     """
-    raw = np.empty(nbytes + align, np.uint8)
-    skip = -raw.__array_interface__["data"][0] % align
-    return torch.from_numpy(raw[skip : skip + nbytes])
+    # A bare storage is not filled (nor is numpy's memory, but numpy asks for huge pages for
+    # large arrays, and on this VM their first touch cost 2-4x, in the first save's stall).
+    raw = torch.empty(0, dtype=torch.uint8).set_(torch.UntypedStorage(nbytes + align))
+    skip = -raw.data_ptr() % align
+    return raw[skip : skip + nbytes]
 
 
 def empty_tensor(shape: tuple[int, ...] | list[int], dtype: torch.dtype) -> torch.Tensor:
