@@ -10,40 +10,54 @@ NUMPY_KINDS = ("ndarray", "npscalar")
 _SINGLE = frozenset({"d", "l", "tu", "t", "v", "f", "s", "rl"})
 
 
+# A node on the walk's stack: (node, the entry of its parent, its key or index there). The
+# path of a node is built from the chain only when the node is wrong: formatting it for
+# every node took a quarter of a manifest's validation.
+_Entry = tuple[Any, Any, Any]
+
+
 def tree_problem(root: Any, tensor_keys: Container[str]) -> str | None:
     """What is wrong with ``root`` (None if nothing): a node of no known kind, a malformed one,
     or a tensor node naming a key that ``tensor_keys`` lacks. Restoring walks only valid trees."""
-    stack: list[tuple[Any, str]] = [(root, "<root>")]
+    stack: list[_Entry] = [(root, None, None)]
     while stack:
-        node, where = stack.pop()
-        problem = _node_problem(node, tensor_keys, stack, where)
+        entry = stack.pop()
+        problem = _node_problem(entry, tensor_keys, stack)
         if problem:
-            return f"structure node at {where}: {problem}"
+            return f"structure node at {_where(entry)}: {problem}"
     return None
 
 
-def _node_problem(
-    node: Any, tensor_keys: Container[str], stack: list[tuple[Any, str]], where: str
-) -> str | None:
+def _where(entry: _Entry) -> str:
+    parts = []
+    while entry[1] is not None:
+        parts.append(str(entry[2]))
+        entry = entry[1]
+    return "/".join(["<root>", *reversed(parts)])
+
+
+def _node_problem(entry: _Entry, tensor_keys: Container[str], stack: list[_Entry]) -> str | None:
+    node = entry[0]
     if not isinstance(node, dict):
         return f"expected an object, got {type(node).__name__}"
-    keys = set(node)
-    if keys == {"n", "k"}:
+    if len(node) == 2 and "n" in node and "k" in node:
         if node["k"] not in NUMPY_KINDS:
             return f"unknown numpy kind {node['k']!r}"
         return _tensor_problem(node["n"], tensor_keys)
-    if len(keys) != 1 or not keys <= _SINGLE:
-        return f"unknown kind {sorted(keys)!r}"[:200]
-    (kind,) = keys
+    if len(node) != 1:
+        return f"unknown kind {sorted(node)!r}"[:200]
+    (kind,) = node
+    if kind not in _SINGLE:
+        return f"unknown kind {[kind]!r}"[:200]
     value = node[kind]
     if kind == "d":
-        return _dict_problem(value, stack, where)
+        return _dict_problem(value, stack, entry)
     if kind in ("l", "tu"):
         if not isinstance(value, list):
             return "a list node does not hold a list"
-        stack.extend((child, f"{where}/{i}") for i, child in enumerate(value))
+        stack.extend((child, entry, i) for i, child in enumerate(value))
     elif kind == "s":
-        stack.append((value, where))
+        stack.append((value, entry[1], entry[2]))  # the same place in the tree
     elif kind == "t":
         return _tensor_problem(value, tensor_keys)
     elif kind == "f" and value not in FLOAT_NAMES:
@@ -53,7 +67,7 @@ def _node_problem(
     return None
 
 
-def _dict_problem(items: Any, stack: list[tuple[Any, str]], where: str) -> str | None:
+def _dict_problem(items: Any, stack: list[_Entry], entry: _Entry) -> str | None:
     if not isinstance(items, list):
         return "a dict node does not hold a list of [key, node] pairs"
     for item in items:
@@ -62,7 +76,7 @@ def _dict_problem(items: Any, stack: list[tuple[Any, str]], where: str) -> str |
         key, child = item
         if isinstance(key, bool) or not isinstance(key, (str, int)):
             return f"dict key {key!r} is not a string or an integer"[:200]
-        stack.append((child, f"{where}/{key}"))
+        stack.append((child, entry, key))
     return None
 
 
