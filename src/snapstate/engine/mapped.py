@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from snapstate.engine.chunkread import (
@@ -39,6 +38,7 @@ from snapstate.errors import CorruptCheckpointError
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.planning.reshard import covering_span
 from snapstate.storage.base import Storage, defines_with
+from snapstate.storage.local import buffer_address
 
 # A state larger than this fraction of the machine's memory is read the other way: two
 # passes over the page cache are only cheap while the shards stay in it.
@@ -81,7 +81,8 @@ def load_mapped(
     """
     files = {t.chunk.file for t in tasks}
     with _mappings(storage, files) as maps, _readers(storage, files) as readers:
-        bases = {file: _address(view) for file, view in maps.items()}
+        # where each mapping's bytes start (valid while it is open)
+        bases = {file: buffer_address(view) for file, view in maps.items()}
         parts = [_locate(t, maps[t.chunk.file], bases[t.chunk.file]) for t in tasks]
         verifies, copies = _jobs(parts, readers)
         total = sum(len(p.data) for p in parts)
@@ -155,11 +156,6 @@ def _mappings(storage: Storage, files: set[str]) -> Iterator[dict[str, memoryvie
         for m in maps.values():
             with contextlib.suppress(BufferError):
                 m.close()
-
-
-def _address(view: memoryview) -> int:
-    """Where a mapping's bytes start in memory (valid while the mapping is open)."""
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if len(view) else 0
 
 
 def _locate(task: ReadTask, mapped: memoryview, base: int) -> _Mapped:

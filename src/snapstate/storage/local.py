@@ -54,8 +54,8 @@ _start_writeback = _writeback_starter()
 
 
 def buffer_address(data: memoryview) -> int:
-    """The address of the first byte of a non-empty contiguous buffer."""
-    return int(np.frombuffer(data, np.uint8).__array_interface__["data"][0])
+    """The address of the first byte of a contiguous buffer (0 when it is empty)."""
+    return int(np.frombuffer(data, np.uint8).__array_interface__["data"][0]) if len(data) else 0
 
 
 def direct_span(address: int, offset: int, nbytes: int) -> tuple[int, int] | None:
