@@ -260,23 +260,16 @@ class Bench:
                     view = view[f.readinto(view) :]
         return time.perf_counter() - started
 
-    def torch_load(self) -> float:
-        """torch.load alone: new tensors, nothing restored yet (informs)."""
+    def torch_load(self, into_targets: bool = False) -> float:
+        """torch.load: new tensors, nothing restored (informs). ``into_targets``: then copied
+        into the targets, as ``load_state_dict`` does: the restore a torch user runs, and the
+        work ss.load does (into the same targets)."""
         self.before_read()
         started = time.perf_counter()
         loaded = torch.load(self.sources["torch"], weights_only=True)
-        elapsed = time.perf_counter() - started
-        del loaded
-        return elapsed
-
-    def torch_restore(self) -> float:
-        """torch.load, then its tensors copied into the targets, as ``load_state_dict`` does:
-        the restore a torch user runs, and the work ss.load does (into the same targets)."""
-        self.before_read()
-        started = time.perf_counter()
-        loaded = torch.load(self.sources["torch"], weights_only=True)
-        for key, target in self.targets.items():
-            target.copy_(loaded[key])
+        if into_targets:
+            for key, target in self.targets.items():
+                target.copy_(loaded[key])
         elapsed = time.perf_counter() - started
         del loaded
         return elapsed
@@ -313,7 +306,7 @@ class Bench:
             raise SystemExit("torch.load did not restore the state")
         for t in self.targets.values():
             t.zero_()
-        self.torch_restore()
+        self.torch_load(into_targets=True)
         if not all(torch.equal(self.targets[k], v) for k, v in self.state.items()):
             raise SystemExit("torch.load + copy did not restore the state")
 
@@ -330,7 +323,7 @@ def methods(b: Bench, only: tuple[str, ...] = ()) -> list[Method]:
         Method("dcp.async_save blocking", "blocking", lambda: 0.0),
         Method("raw read", "load", b.raw_read),
         Method("torch.load", "load", b.torch_load),
-        Method("torch.load + copy", "load", b.torch_restore),
+        Method("torch.load + copy", "load", lambda: b.torch_load(into_targets=True)),
         Method("dcp.load", "load", b.dcp_load),
         Method("ss.load", "load", b.ss_load),
     ]
