@@ -5,7 +5,8 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -c constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint typecheck bench bench-small clean venv venv-tf venv-chainer test-frameworks
+.PHONY: demo test test-all lint typecheck bench bench-small clean venv venv-tf venv-chainer test-frameworks \
+	venv-integrations test-integrations
 
 venv: $(STAMP)
 
@@ -75,5 +76,22 @@ test-frameworks: $(TF_STAMP) $(CH_STAMP)
 	$(TF_VENV)/bin/python $(FW_TEST) tests/frameworks
 	$(CH_VENV)/bin/python $(FW_TEST) tests/frameworks
 
+# The trainers snapstate plugs into (transformers, lightning, accelerate, timm), pinned in
+# constraints.txt, in their own venv so the core test run stays light.
+INT_VENV := .venv-integrations
+INT_STAMP := $(INT_VENV)/.installed
+
+venv-integrations: $(INT_STAMP)
+
+$(INT_STAMP): pyproject.toml constraints.txt
+	test -x $(INT_VENV)/bin/python || $(PY) -m venv $(INT_VENV)
+	$(INT_VENV)/bin/python -m pip install -q --upgrade pip
+	$(INT_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(INT_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,integrations]'
+	touch $(INT_STAMP)
+
+test-integrations: $(INT_STAMP)
+	$(INT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations
+
 clean:
-	rm -rf $(VENV) $(TF_VENV) $(CH_VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(TF_VENV) $(CH_VENV) $(INT_VENV) build dist src/*.egg-info .pytest_cache
