@@ -83,11 +83,19 @@ INT_STAMP := $(INT_VENV)/.installed
 
 venv-integrations: $(INT_STAMP)
 
+# timm needs torchvision, and PyPI's torchvision imports only beside the torch it was built for:
+# this venv takes torch 2.14.1 with torchvision 0.29.1 (both on this machine's disk), the other
+# pins from constraints.txt.
+INT_TORCH := torch==2.14.1 torchvision==0.29.1
+INT_PINS := $(INT_VENV)/constraints.txt
+
 $(INT_STAMP): pyproject.toml constraints.txt
 	test -x $(INT_VENV)/bin/python || $(PY) -m venv $(INT_VENV)
 	$(INT_VENV)/bin/python -m pip install -q --upgrade pip
-	$(INT_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
-	$(INT_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[dev,integrations]'
+	grep -v -E '^(torch|torchvision)==' constraints.txt > $(INT_PINS)
+	echo '$(INT_TORCH)' | tr ' ' '\n' >> $(INT_PINS)
+	$(INT_VENV)/bin/python -m pip install -q -c $(INT_PINS) $(INT_TORCH)
+	$(INT_VENV)/bin/python -m pip install -q -c $(INT_PINS) -e '.[dev,integrations]'
 	touch $(INT_STAMP)
 
 test-integrations: $(INT_STAMP)
