@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -154,28 +155,29 @@ def _versions() -> dict[str, str]:
     }
 
 
-def finish_rank(
-    coord: Coordinator,
-    storage: Storage,
-    save_id: str,
-    plan: SavePlan,
-    tree: dict[str, Any],
-    step: int | None,
-    timeout: float,
-    own: Marker | None = None,
-    prepared: bytes | None = None,
-) -> float:
-    """After this rank's marker is written: arrive, then commit (coordinator) or wait for the commit.
+@dataclass(frozen=True)
+class Arrival:
+    """What a rank brings to the commit, once its shards are fsynced and its marker written."""
 
-    ``prepared``: a single rank's manifest, encoded from ``own`` while its shards fsynced
-    (``encode_manifest``); with more ranks the coordinator encodes it from every marker.
+    save_id: str
+    plan: SavePlan
+    tree: dict[str, Any]
+    step: int | None
+    marker: Marker  # this rank's own, still in memory: the coordinator need not parse its file
+    # a single rank's manifest, encoded from ``marker`` while its shards fsynced
+    # (``encode_manifest``); with more ranks the coordinator encodes it from every marker
+    manifest: bytes | None = None
+
+
+def finish_rank(coord: Coordinator, storage: Storage, arrival: Arrival, timeout: float) -> float:
+    """After this rank's marker is written: arrive, then commit (coordinator) or wait for the commit.
 
     Runs in the background of async saves, so it talks through the store (``StoreBarrier``),
     never a collective; a rank that does not arrive within ``timeout`` means no manifest and
     a CheckpointTimeoutError naming it on every other rank.
     """
     started = time.perf_counter()
-    barrier = StoreBarrier(coord, save_id)
+    barrier = StoreBarrier(coord, arrival.save_id)
     barrier.arrive()
     if coord.rank != barrier.root:
         raise_for(barrier.wait_decision(timeout), f"checkpoint {storage.root}")
@@ -186,13 +188,14 @@ def finish_rank(
         failed = [f"rank {r}: {o}" for r, o in arrived.items() if o != OK]
         if failed:
             raise CheckpointError("not committed, a rank failed: " + "; ".join(failed))
-        markers = read_markers(storage, coord.world_size, own)
+        markers = read_markers(storage, coord.world_size, arrival.marker)
         # replicas that diverged: ReplicaMismatchError, no commit
         check_witnesses(markers)
         check_files(storage, markers)
-        if prepared is None or coord.world_size != 1:
-            prepared = encode_manifest(plan, markers, tree, step)
-        storage.write_atomic(MANIFEST, prepared)
+        manifest = arrival.manifest
+        if manifest is None or coord.world_size != 1:
+            manifest = encode_manifest(arrival.plan, markers, arrival.tree, arrival.step)
+        storage.write_atomic(MANIFEST, manifest)
     except BaseException as exc:
         # the ranks waiting hear why
         barrier.decide(describe(exc), getattr(exc, "arrived", arrived), wait=timeout)

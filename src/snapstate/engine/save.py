@@ -14,6 +14,7 @@ from snapstate.collective.exchange import AgreedPlan, exchange_plan, local_metas
 from snapstate.collective.replica_check import WitnessHasher
 from snapstate.engine.commit import (
     MARKERS,
+    Arrival,
     encode_manifest,
     finish_rank,
     marker_chunk,
@@ -89,8 +90,43 @@ def start_save(
     return SaveJob(state, storage, coord, mode=mode, pool=pool, step=step, options=options).run()
 
 
+@dataclass(frozen=True)
+class Planned:
+    """What ``agree`` hands on: the plan every rank agreed on, and this rank's share of it."""
+
+    agreed: AgreedPlan
+    rank_plan: RankPlan
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """The plan once the target holds no committed checkpoint to clobber: ``stage`` takes it."""
+
+    planned: Planned
+
+
+@dataclass(frozen=True)
+class Staged:
+    """What ``stage`` hands on: the writer holding this rank's chunks, the witnesses' hasher."""
+
+    planned: Planned
+    writer: RankWriter
+    hasher: WitnessHasher | None
+    blocking_s: float
+
+
+@dataclass(frozen=True)
+class Persisted:
+    """What ``persist`` hands to ``commit``: this rank's marker is written."""
+
+    planned: Planned
+    arrival: Arrival
+    blocking_s: float
+    persist_s: float
+
+
 class SaveJob:
-    """One rank's part of one save; each step is a method, run in the order of ``run``."""
+    """One rank's part of one save; each step takes what the step before it returned."""
 
     def __init__(
         self,
@@ -114,45 +150,32 @@ class SaveJob:
         self.options = options
         self.started = time.perf_counter()
         self.timings: dict[str, float] = {}
-        self.agreed: AgreedPlan | None = None
-        self.hasher: WitnessHasher | None = None
-        self.writer: RankWriter | None = None
-        self.marker: Marker | None = None
-        self.manifest: bytes | None = None  # encoded early by a single rank (see persist)
-        self.blocking_s = 0.0
-        self.persist_s = 0.0
-
-    @property
-    def rank_plan(self) -> RankPlan:
-        assert self.agreed is not None
-        return self.agreed.plan.for_rank(self.coord.rank)
 
     def run(self) -> SaveHandle:
         """The foreground steps; a blocking save also persists and commits before returning."""
         try:
             with gc_paused():  # see engine/gcpause.py: no full collection inside the stall
-                self.agree()
-                self.clear_target()
+                planned = self.agree()
+                cleared = self.clear_target(planned)
                 started = time.perf_counter()
                 self.timings["clear_s"] = started - self.started - self.timings["plan_s"]
-                self.stage()
+                staged = self.stage(cleared)
                 self.timings["stage_s"] = time.perf_counter() - started
                 if self.mode is SaveMode.BLOCKING:
-                    return SaveHandle(result=self.finish())
+                    return SaveHandle(result=self.finish(staged))
         except OSError as exc:
             raise as_checkpoint_error(exc, self.storage.root) from exc
-        return SaveHandle(run=self.finish)
+        return SaveHandle(run=lambda: self.finish(staged))
 
-    def finish(self) -> SaveResult:
+    def finish(self, staged: Staged) -> SaveResult:
         """The steps after staging: in the background of an async save."""
         try:
-            self.persist()
-            return self.commit()
+            return self.commit(self.persist(staged))
         except OSError as exc:  # disk full, read-only...: a CheckpointError, errno and path kept
             raise as_checkpoint_error(exc, self.storage.root) from exc
 
     # -- steps -------------------------------------------------------------------------
-    def agree(self) -> None:
+    def agree(self) -> Planned:
         """Flatten the state, exchange metadata and agree on the plan (cached while unchanged)."""
 
         def local() -> tuple[FlatState, list[ItemMeta]]:
@@ -166,11 +189,12 @@ class SaveJob:
             return flat, local_metas(self.coord, flat, _item_metas)
 
         started = time.perf_counter()
-        self.agreed = exchange_plan(self.coord, local, self.options.plan, self.options.timeout)
+        agreed = exchange_plan(self.coord, local, self.options.plan, self.options.timeout)
         self.timings["plan_s"] = time.perf_counter() - started
-        self.timings["plan_cached"] = float(self.agreed.cached)
+        self.timings["plan_cached"] = float(agreed.cached)
+        return Planned(agreed, agreed.plan.for_rank(self.coord.rank))
 
-    def clear_target(self) -> None:
+    def clear_target(self, planned: Planned) -> Cleared:
         """Rank 0 refuses a committed target (unless overwriting) and removes leftovers.
 
         Without ``overwrite`` this was done within ``agree``, before rank 0's offer: it removes
@@ -180,105 +204,93 @@ class SaveJob:
         then removes.
         """
         storage, overwrite = self.storage, self.options.overwrite
-        if not overwrite:
-            return
+        if overwrite:
 
-        def clear() -> None:
-            if self.coord.rank == 0:
-                _clear_target(storage, overwrite)
+            def clear() -> None:
+                if self.coord.rank == 0:
+                    _clear_target(storage, overwrite)
 
-        gather_or_raise(self.coord, clear, self.options.timeout)
+            gather_or_raise(self.coord, clear, self.options.timeout)
+        return Cleared(planned)
 
-    def stage(self) -> None:
+    def stage(self, cleared: Cleared) -> Staged:
         """Copy (async) or expose (blocking) this rank's chunks and hand them to the writer."""
-        assert self.agreed is not None
-        options, rank_plan = self.options, self.rank_plan
+        planned, options = cleared.planned, self.options
+        writer: RankWriter | None = None
         try:
-            self.writer = RankWriter(
+            writer = RankWriter(
                 self.storage,
-                rank_plan,
+                planned.rank_plan,
                 options.block_bytes,
                 options.threads,
                 hold=self.mode is SaveMode.ASYNC,
             )
-            stager = Stager(self.pool, options.timeout, before_wait=self.writer.flush)
+            stager = Stager(self.pool, options.timeout, before_wait=writer.flush)
             piece_bytes = self._piece_bytes()
             # an async save copies every chunk anyway: runs take any chunk that fits a slab
             run_chunk_bytes = piece_bytes if self.pool is not None else SMALL_CHUNK_BYTES
-            on_device = self._start_witnesses()
-            _stage_all(
-                self.agreed.flat, rank_plan, self.writer, stager, piece_bytes, run_chunk_bytes
-            )
-            self._finish_witnesses(stager, on_device)
+            hasher, on_device = self._start_witnesses(planned.agreed)
+            flat = planned.agreed.flat
+            _stage_all(flat, planned.rank_plan, writer, stager, piece_bytes, run_chunk_bytes)
+            self._finish_witnesses(flat, stager, hasher, on_device)
             stager.finish()
         except BaseException as exc:
-            self._fail(exc)
+            self._fail(planned, exc, writer)
             raise
-        self.blocking_s = time.perf_counter() - self.started
+        return Staged(planned, writer, hasher, time.perf_counter() - self.started)
 
-    def persist(self) -> None:
+    def persist(self, staged: Staged) -> Persisted:
         """Wait for the writes, fsync, then write this rank's marker."""
-        assert self.writer is not None
-        encoded: list[bytes] = []
+        planned, agreed = staged.planned, staged.planned.agreed
+        prepared: list[tuple[Arrival, bytes]] = []
 
         def prepare_marker(stats: PersistStats) -> None:  # while the shards fsync
-            self.marker = self._marker(stats)
-            encoded.append(self.marker.to_json())
+            marker = self._marker(staged, stats)
+            tree, manifest = agreed.flat.tree, None
             if self.coord.world_size == 1:  # its own marker is all the manifest needs
-                assert self.agreed is not None
-                agreed = self.agreed
-                self.manifest = encode_manifest(
-                    agreed.plan, [self.marker], agreed.flat.tree, self.step
-                )
+                manifest = encode_manifest(agreed.plan, [marker], tree, self.step)
+            arrival = Arrival(agreed.save_id, agreed.plan, tree, self.step, marker, manifest)
+            prepared.append((arrival, marker.to_json()))
 
         try:
-            self.writer.close(meanwhile=prepare_marker)
+            staged.writer.close(meanwhile=prepare_marker)
             self.storage.sync_dir("shards")
-            assert self.marker is not None
-            write_marker(self.storage, self.coord.rank, self.marker, encoded[0])
+            arrival, encoded = prepared[0]
+            write_marker(self.storage, self.coord.rank, arrival.marker, encoded)
         except BaseException as exc:
-            self._fail(exc)
+            self._fail(planned, exc, staged.writer)
             raise
-        self.persist_s = time.perf_counter() - self.started - self.blocking_s
+        persist_s = time.perf_counter() - self.started - staged.blocking_s
+        return Persisted(planned, arrival, staged.blocking_s, persist_s)
 
-    def commit(self) -> SaveResult:
+    def commit(self, persisted: Persisted) -> SaveResult:
         """Arrive at the commit barrier; rank 0 assembles and publishes the manifest."""
-        agreed = self.agreed
-        assert agreed is not None
         try:
             commit_s = finish_rank(
-                self.coord,
-                self.storage,
-                agreed.save_id,
-                agreed.plan,
-                agreed.flat.tree,
-                self.step,
-                self.options.timeout,
-                self.marker,
-                self.manifest,
+                self.coord, self.storage, persisted.arrival, self.options.timeout
             )
         except BaseException:
-            _discard(self.storage, self.coord.rank, self.rank_plan)
+            _discard(self.storage, self.coord.rank, persisted.planned.rank_plan)
             raise
-        return self._result(commit_s)
+        return self._result(persisted, commit_s)
 
     # -- helpers -----------------------------------------------------------------------
-    def _start_witnesses(self) -> list[WriteItem]:
+    def _start_witnesses(self, agreed: AgreedPlan) -> tuple[WitnessHasher | None, list[WriteItem]]:
         """Start hashing this rank's copy of the chunks it witnesses, where it lies in host
         memory, on a background thread while this one stages its own share.
 
         Why not stage them like the written chunks: hashing reads the bytes once, where a copy
-        reads and writes them and its hash reads them again. Returns the witnessed chunks on a
-        device: an async save stages those and hashes the copies afterwards.
+        reads and writes them and its hash reads them again. Returns the hasher (None: no
+        witnesses) and the witnessed chunks on a device: an async save stages those and hashes
+        the copies afterwards.
         """
-        agreed, options = self.agreed, self.options
-        assert agreed is not None
+        options = self.options
         if options.verify_replicas != "hash" or self.coord.world_size == 1 or not agreed.replicas:
-            return []
+            return None, []
         items = witnessed_by(
             agreed.witness, self.coord.rank, agreed.turn, options.replica_witnesses
         )
-        hasher = self.hasher = WitnessHasher(options.block_bytes)
+        hasher = WitnessHasher(options.block_bytes)
         on_device = []
         with torch.no_grad():
             for item in items:
@@ -287,22 +299,24 @@ class SaveJob:
                     hasher.submit(item.name, source, last=True)
                 else:
                     on_device.append(item)
-        return on_device
+        return hasher, on_device
 
-    def _finish_witnesses(self, stager: Stager, on_device: list[WriteItem]) -> None:
+    def _finish_witnesses(
+        self,
+        flat: FlatState,
+        stager: Stager,
+        hasher: WitnessHasher | None,
+        on_device: list[WriteItem],
+    ) -> None:
         """An async save waits until the host chunks are hashed (training may change them once
         it returns) and stages the device ones; a blocking save lets the hasher run on."""
-        hasher = self.hasher
         if hasher is None:
             return
         hashed = hasher.mark() if self.mode is SaveMode.ASYNC else None
         try:
             if on_device:
-                assert self.agreed is not None
                 with torch.no_grad():
-                    _stage_witness_copies(
-                        self.agreed.flat, on_device, hasher, stager, self._piece_bytes()
-                    )
+                    _stage_witness_copies(flat, on_device, hasher, stager, self._piece_bytes())
         finally:
             hasher.close()
         if hashed is not None:
@@ -314,32 +328,29 @@ class SaveJob:
             return min(self.options.piece_bytes, self.pool.slab_bytes)
         return self.options.piece_bytes
 
-    def _fail(self, exc: BaseException) -> None:
+    def _fail(self, planned: Planned, exc: BaseException, writer: RankWriter | None) -> None:
         """Tell the others this rank will not arrive, and drop what it wrote."""
-        assert self.agreed is not None
-        report_failure(self.coord, self.agreed.save_id, exc)
-        if self.writer is not None:
-            self.writer.abort()
-        _discard(self.storage, self.coord.rank, self.rank_plan)
+        report_failure(self.coord, planned.agreed.save_id, exc)
+        if writer is not None:
+            writer.abort()
+        _discard(self.storage, self.coord.rank, planned.rank_plan)
 
-    def _marker(self, stats: PersistStats) -> Marker:
-        agreed = self.agreed
-        assert agreed is not None
-        replicas = self.hasher.result() if self.hasher is not None else {}
-        if self.hasher is not None:
-            self.timings["replica_check_s"] = self.hasher.seconds
+    def _marker(self, staged: Staged, stats: PersistStats) -> Marker:
+        hasher = staged.hasher
+        replicas = hasher.result() if hasher is not None else {}
+        if hasher is not None:
+            self.timings["replica_check_s"] = hasher.seconds
         return _marker(
             self.coord.rank,
-            agreed,
-            self.rank_plan,
+            staged.planned,
             stats,
             self.options.block_bytes,
-            self.blocking_s,
+            staged.blocking_s,
             replicas,
         )
 
-    def _result(self, commit_s: float) -> SaveResult:
-        rank_plan = self.rank_plan
+    def _result(self, persisted: Persisted, commit_s: float) -> SaveResult:
+        rank_plan = persisted.planned.rank_plan
         return SaveResult(
             path=self.storage.root,
             step=self.step,
@@ -347,8 +358,8 @@ class SaveJob:
             world_size=self.coord.world_size,
             bytes_written=rank_plan.nbytes,
             files=[f.path for f in rank_plan.files],
-            blocking_s=self.blocking_s,
-            persist_s=self.persist_s,
+            blocking_s=persisted.blocking_s,
+            persist_s=persisted.persist_s,
             commit_s=commit_s,
             total_s=time.perf_counter() - self.started,
             timings=self.timings,
@@ -505,13 +516,13 @@ def _stage_pieces(
 
 def _marker(
     rank: int,
-    agreed: AgreedPlan,
-    rank_plan: RankPlan,
+    planned: Planned,
     stats: PersistStats,
     block_bytes: int,
     blocking_s: float,
     replicas: dict[str, tuple[str, ...]],
 ) -> Marker:
+    agreed, rank_plan = planned.agreed, planned.rank_plan
     flat = agreed.flat
     chunks = tuple(
         marker_chunk(p, block_bytes, stats.digests[(p.file, p.start, p.end)])
