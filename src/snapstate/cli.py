@@ -162,7 +162,7 @@ def _or_exit(fn: Any) -> Any:
 
 def _attach_optional_commands() -> None:
     for module, names in (
-        ("snapstate.bench.cli", ("bench", "demo")),
+        ("snapstate.bench.command", ("bench", "demo")),
         ("snapstate.plansim", ("plan_sim",)),
     ):
         try:
