@@ -13,6 +13,7 @@ from rich.table import Table
 from snapstate import api
 from snapstate.errors import CheckpointError
 from snapstate.format.manifest import Manifest
+from snapstate.plansim import plan_sim
 
 console = Console()
 
@@ -160,21 +161,52 @@ def _or_exit(fn: Any) -> Any:
         sys.exit(1)
 
 
-def _attach_optional_commands() -> None:
-    for module, names in (
-        ("snapstate.bench.cli", ("bench", "demo")),
-        ("snapstate.plansim", ("plan_sim",)),
-    ):
-        try:
-            mod = __import__(module, fromlist=list(names))
-        except ImportError:
-            continue
-        for name in names:
-            if hasattr(mod, name):
-                main.add_command(getattr(mod, name))
+# The packages of the `bench` extra (pyproject.toml): only their absence may disable the harness's
+# commands. Any other ImportError is a broken harness and must not hide `snapstate bench`.
+BENCH_EXTRA = ("matplotlib", "torchdata")
+BENCH_INSTALL = "pip install 'snapstate[bench]'"
 
 
-_attach_optional_commands()
+def attach_bench(group: click.Group) -> None:
+    """Add ``bench`` and ``demo`` to ``group``; without a package of the bench extra, stand-ins."""
+    commands: tuple[click.Command, ...]
+    try:
+        from snapstate.bench.command import bench, demo
+
+        commands = (bench, demo)
+    except ModuleNotFoundError as exc:
+        package = missing_optional(exc, BENCH_EXTRA)
+        if package is None:
+            raise
+        commands = tuple(unavailable(name, package, BENCH_INSTALL) for name in ("bench", "demo"))
+    for command in commands:
+        group.add_command(command)
+
+
+def missing_optional(exc: ModuleNotFoundError, packages: tuple[str, ...]) -> str | None:
+    """The optional package whose absence ``exc`` reports, or None for any other module."""
+    top = (exc.name or "").partition(".")[0]
+    return top if top in packages else None
+
+
+def unavailable(name: str, package: str, install: str) -> click.Command:
+    """A command that only says which package it lacks and how to install it, and exits 1."""
+    reason = f"snapstate {name} needs the optional package {package!r}, not installed: {install}"
+
+    def refuse() -> None:
+        click.echo(f"error: {reason}", err=True)
+        sys.exit(1)
+
+    return click.Command(
+        name,
+        callback=refuse,
+        help=f"Unavailable: {reason}.",
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    )
+
+
+main.add_command(plan_sim)
+attach_bench(main)
 
 if __name__ == "__main__":
     main()

@@ -22,6 +22,7 @@ from snapstate.errors import (
     CorruptCheckpointError,
     UnsupportedFormatError,
 )
+from snapstate.format.manifest import MANIFEST
 from snapstate.lock import RootLock
 from snapstate.retention import steps_to_delete
 from snapstate.storage.base import Storage, storage_for
@@ -29,7 +30,7 @@ from snapstate.storage.local import LocalStorage
 
 log = logging.getLogger("snapstate")
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
-SET_ASIDE = "manifest.json.corrupt"  # where a set-aside step's manifest goes (object stores)
+SET_ASIDE = f"{MANIFEST}.corrupt"  # where a set-aside step's manifest goes (object stores)
 
 
 def step_dir(step: int) -> str:
@@ -75,7 +76,7 @@ class CheckpointManager:
     def steps(self) -> list[int]:
         """Committed steps, oldest first."""
         return sorted(
-            s for s, name in self._step_dirs() if self.storage.exists(f"{name}/manifest.json")
+            s for s, name in self._step_dirs() if self.storage.exists(f"{name}/{MANIFEST}")
         )
 
     def latest_step(self) -> int | None:
@@ -199,7 +200,7 @@ class CheckpointManager:
                 self.storage.rename(name, target)
                 self.storage.sync_dir()
             else:
-                manifest = f"{name}/manifest.json"
+                manifest = f"{name}/{MANIFEST}"
                 if self.storage.exists(manifest):
                     self.storage.write_atomic(
                         f"{name}/{SET_ASIDE}", self.storage.read_bytes(manifest)
@@ -220,7 +221,7 @@ class CheckpointManager:
 
     def _remove_uncommitted(self) -> None:
         for _, name in self._step_dirs():
-            committed = self.storage.exists(f"{name}/manifest.json")
+            committed = self.storage.exists(f"{name}/{MANIFEST}")
             if not committed and not self.storage.exists(f"{name}/{SET_ASIDE}"):
                 log.info("snapstate: removing uncommitted leftover %s", name)
                 self.storage.remove_tree(name)
@@ -231,7 +232,7 @@ class CheckpointManager:
         for step in steps_to_delete(self.steps(), self.keep_last, self.keep_every):
             name = step_dir(step)
             # Uncommit first (manifest gone = invisible), then delete the bytes.
-            self.storage.remove(f"{name}/manifest.json")
+            self.storage.remove(f"{name}/{MANIFEST}")
             self.storage.remove_tree(name)
 
 

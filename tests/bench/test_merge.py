@@ -9,7 +9,7 @@ from typing import Any
 
 from click.testing import CliRunner
 
-from snapstate.bench.cli import bench
+from snapstate.bench.command import bench
 from snapstate.bench.methods import METHODS
 from snapstate.bench.results import merge_results, validate
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
-from snapstate.bench.cli import bench
+from snapstate.bench.command import bench
 from snapstate.bench.plots import DETERMINISM_PLOT, PLOTS
 from snapstate.bench.report import main_table, render_markdown, render_report
 from snapstate.bench.results import apply_determinism, read_results, validate

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from snapstate.bench.cli import bench
+from snapstate.bench.command import bench
 from snapstate.bench.plots import DETERMINISM_PLOT, PLOTS
 from snapstate.bench.results import validate
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import importlib.abc
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import click
 import numpy as np
 import pytest
 import torch
@@ -14,6 +16,7 @@ from click.testing import CliRunner
 from safetensors import safe_open
 
 import snapstate as ss
+from snapstate import cli
 from snapstate.cli import main
 from support.bits import assert_bitwise_equal
 from support.states import trained
@@ -160,3 +163,63 @@ def test_console_script_verify_exit_code(tmp_path: Path) -> None:
         [str(script), "verify", str(tmp_path / "c")], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 1 and "checksum mismatch" in done.stderr
+
+
+class RaiseOnImport(importlib.abc.MetaPathFinder):
+    """A finder that fails the import of one module with a chosen error, as a broken install would."""
+
+    def __init__(self, module: str, error: ImportError) -> None:
+        self.module, self.error = module, error
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == self.module:
+            raise self.error
+
+
+def attach_with_failing_import(monkeypatch: pytest.MonkeyPatch, error: ImportError) -> click.Group:
+    monkeypatch.delitem(sys.modules, "snapstate.bench.command", raising=False)
+    finder = RaiseOnImport("snapstate.bench.command", error)
+    monkeypatch.setattr(sys, "meta_path", [finder, *sys.meta_path])
+    group = click.Group("snapstate")
+    cli.attach_bench(group)
+    return group
+
+
+def test_bench_without_an_optional_package_says_which_and_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    missing = ModuleNotFoundError("No module named 'matplotlib'", name="matplotlib")
+    group = attach_with_failing_import(monkeypatch, missing)
+    for args in (["bench", "--preset", "smoke"], ["bench", "report", "r.json"], ["demo"]):
+        result = CliRunner().invoke(group, args)
+        assert result.exit_code == 1, result.output
+        assert "'matplotlib'" in result.output and "pip install 'snapstate[bench]'" in result.output
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        ImportError("cannot import name 'PRESETS' from 'snapstate.bench.presets'"),
+        ModuleNotFoundError("No module named 'snapstate.bench.gone'", name="snapstate.bench.gone"),
+        ModuleNotFoundError("No module named 'psutil'", name="psutil"),
+    ],
+    ids=["broken-name", "missing-harness-module", "missing-core-dependency"],
+)
+def test_a_broken_harness_is_raised_not_hidden(
+    monkeypatch: pytest.MonkeyPatch, error: ImportError
+) -> None:
+    with pytest.raises(ImportError) as raised:
+        attach_with_failing_import(monkeypatch, error)
+    assert raised.value is error
+
+
+def test_the_command_fails_to_start_when_the_harness_is_broken() -> None:
+    code = "import sys; sys.modules['snapstate.bench.presets'] = None; import snapstate.cli"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and "snapstate.bench.presets" in done.stderr
+    assert "ModuleNotFoundError" in done.stderr
+
+
+def test_the_bench_commands_are_attached() -> None:
+    assert {"bench", "demo", "plan-sim"} <= set(main.commands)
+    assert isinstance(main.commands["bench"], click.Group)  # the harness, not a stand-in

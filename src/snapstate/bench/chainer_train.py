@@ -18,7 +18,7 @@ import chainer.functions as F
 import chainer.links as L
 import numpy as np
 
-from snapstate.bench.data import normalized_images, shard_order
+from snapstate.bench.datasets import normalized_images, shard_order
 from snapstate.bench.models import VGG16_LAYOUT, ModelSpec, parse_model
 from snapstate.integrations.chainer import named_arrays
 

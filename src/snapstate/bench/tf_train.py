@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from snapstate.bench.data import normalized_images, shard_order
+from snapstate.bench.datasets import normalized_images, shard_order
 from snapstate.bench.models import VGG16_LAYOUT, ModelSpec, parse_model
 
 # PyTorch's BatchNorm defaults, so the two sides train the same layer.

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from snapstate.bench.data import augment, make_dataset, make_loader
+from snapstate.bench.datasets import augment, make_dataset, make_loader
 from snapstate.bench.models import build_model, gpt_config, parse_model
 
 

@@ -17,6 +17,7 @@ from snapstate.errors import CorruptCheckpointError, UnsupportedFormatError
 from snapstate.format.dtypes import dtype_from_name, itemsize
 from snapstate.format.integrity import block_count
 from snapstate.format.tree import tree_problem
+from snapstate.format.validation import FieldChecks, short
 
 FORMAT_NAME = "snapstate"
 FORMAT_VERSION = 2  # 2: the manifest ends with its own "checksum" (1 is still read)
@@ -26,7 +27,6 @@ MANIFEST = "manifest.json"
 # 100k tensors, +330 MiB), so the cap bounds a hostile or runaway manifest to ~1.5 GB. A 70B
 # model on 4096 ranks writes 13 MB (`snapstate plan-sim`): the cap is 10x above that.
 MAX_MANIFEST_BYTES = 128 << 20
-MAX_INT = (1 << 63) - 1  # sizes, offsets and byte positions must fit torch's and the OS's int64
 # The checksum is the last member, written byte-exactly: the digest covers the raw bytes before it.
 CHECKSUM_TAIL = re.compile(rb',"checksum":"([0-9a-f]{16})"\}\s*\Z')
 
@@ -100,13 +100,6 @@ class Manifest:
         for rank, rec in sorted(self.rank_local.items()):
             out.update({f"rank{rank}/{k}": t for k, t in rec.tensors.items()})
         return out
-
-
-def _short(value: Any, most: int = 120) -> str:
-    """``repr(value)`` cut to ``most`` characters, without formatting a huge list whole."""
-    if isinstance(value, list) and len(value) > 16:
-        return f"[{', '.join(repr(x)[:20] for x in value[:8])}, ... {len(value)} items]"[:most]
-    return repr(value)[:most]
 
 
 def _record_fields(obj: Any) -> dict[str, Any]:
@@ -214,36 +207,8 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     )
 
 
-class _Validator:
-    def __init__(self, file: str) -> None:
-        self.file = file
-
-    def fail(self, message: str, key: str | None = None) -> CorruptCheckpointError:
-        return CorruptCheckpointError(message, file=self.file, key=key)
-
-    def require(self, ok: bool, message: str, key: str | None = None) -> None:
-        if not ok:
-            raise self.fail(message, key)
-
-    def mapping(self, value: Any, key: str) -> dict[str, Any]:
-        if not isinstance(value, dict):
-            raise self.fail(f"{key} is not an object", key)
-        return value
-
-    # Messages are built only on failure: formatting them per element made validation of a
-    # 16,000-dimension shape quadratic (33 s).
-    def integer(self, value: Any, key: str, minimum: int = 0) -> int:
-        # type(...) is int: json gives exact ints, and this also refuses bools
-        if not (type(value) is int and minimum <= value <= MAX_INT):
-            raise self.fail(f"{_short(value)} is not an integer in [{minimum}, 2**63)", key)
-        return value
-
-    def ints(self, value: Any, key: str, length: int | None = None) -> list[int]:
-        if not (type(value) is list and (length is None or len(value) == length)):
-            raise self.fail(f"expected a list of {length} integers, got {_short(value)}", key)
-        if all(type(x) is int and 0 <= x <= MAX_INT for x in value):
-            return value
-        return [self.integer(x, key) for x in value]  # raises, naming the bad element
+class _Validator(FieldChecks):
+    """The manifest's records, on the shared field checks."""
 
     def path(self, value: Any, key: str) -> str:
         ok = (
@@ -256,7 +221,7 @@ class _Validator:
         norm = posixpath.normpath(value) if ok else ""
         self.require(
             bool(ok) and norm == value and not norm.startswith("..") and norm != ".",
-            f"path {_short(value)} points outside the checkpoint",
+            f"path {short(value)} points outside the checkpoint",
             key,
         )
         return value
@@ -264,7 +229,7 @@ class _Validator:
     def rank(self, value: str, world: int) -> int:
         self.require(
             value.isascii() and value.isdigit() and int(value) < world,
-            f"rank {_short(value)} is not below world size {world}",
+            f"rank {short(value)} is not below world size {world}",
             "rank_local",
         )
         return int(value)
@@ -310,7 +275,7 @@ class _Validator:
         sizes = self.ints(rec.get("sizes"), key, len(shape))
         if any(o + s > dim for o, s, dim in zip(offsets, sizes, shape)):
             raise self.fail(
-                f"chunk at {_short(offsets)} size {_short(sizes)} exceeds shape {_short(shape)}",
+                f"chunk at {short(offsets)} size {short(sizes)} exceeds shape {short(shape)}",
                 key,
             )
         file = rec.get("file")
@@ -405,7 +370,7 @@ def tiling_problem(shape: list[int], boxes: list[tuple[list[int], list[int]]]) -
             for c, o, n in zip(cuts, at, size)
         )
         if grid[region].any():
-            return f"chunk at {_short(offsets)} size {_short(sizes)} overlaps another chunk"
+            return f"chunk at {short(offsets)} size {short(sizes)} overlaps another chunk"
         grid[region] = True
     return None if grid.all() else "chunks leave a hole in the tensor"
 

@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from snapstate.format.manifest import _Validator
+from snapstate.format.validation import FieldChecks
 
 MARKER_FORMAT = "snapstate-marker"
 MARKER_VERSION = 1
@@ -140,8 +140,8 @@ def _items(check: _Check, doc: dict[str, Any], key: str, optional: bool = False)
     return check.mapping(value, key).items()
 
 
-class _Check(_Validator):
-    """The manifest's checks (fail, require, mapping, integer) plus the marker's records."""
+class _Check(FieldChecks):
+    """The shared field checks (fail, require, mapping, integer) plus the marker's records."""
 
     def array(self, value: Any, key: str) -> list[Any]:
         self.require(isinstance(value, list), f"{key} is not a list", key)

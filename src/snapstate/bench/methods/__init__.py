@@ -6,7 +6,7 @@ method runs in its framework's environment (``snapstate.bench.frameworks``).
 """
 
 from snapstate.bench.methods import chainer_methods, tf_methods, torch_methods
-from snapstate.bench.methods.base import (
+from snapstate.bench.methods.registry import (
     METHODS,
     BenchTrainer,
     Method,

@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from snapstate.bench.methods.base import (
+from snapstate.bench.methods.registry import (
     Method,
     MethodInfo,
     Pending,

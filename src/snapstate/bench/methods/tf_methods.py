@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from snapstate.bench.methods.base import (
+from snapstate.bench.methods.registry import (
     Method,
     MethodInfo,
     Pending,

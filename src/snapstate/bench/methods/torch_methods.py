@@ -10,7 +10,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from snapstate.bench.methods.base import (
+from snapstate.bench.methods.registry import (
     Method,
     MethodInfo,
     Pending,

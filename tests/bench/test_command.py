@@ -6,7 +6,7 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from snapstate.bench.cli import bench, build_config, demo
+from snapstate.bench.command import bench, build_config, demo
 from snapstate.bench.presets import PRESETS
 
 

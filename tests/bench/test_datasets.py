@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from snapstate.bench.data import (
+from snapstate.bench.datasets import (
     ImageDataset,
     read_cifar10,
     read_cifar10_batch,
