@@ -156,11 +156,11 @@ class SaveJob:
         """Flatten the state, exchange metadata and agree on the plan (cached while unchanged)."""
 
         def local() -> tuple[FlatState, list[ItemMeta]]:
+            flat = flatten_state(self.state)  # first: an unsaveable state touches nothing
             if self.coord.rank == 0 and not self.options.overwrite:
                 # before this rank's offer: no rank writes before every offer is in, and
                 # without overwrite the clearing removes only an unfinished save's leftovers
                 _clear_target(self.storage, overwrite=False)
-            flat = flatten_state(self.state)
             if unchecked := self.options.unchecked_replicas:  # written from rank 0, unchecked
                 flat.rank0_keys.update(k for k in flat.tensors if under_any(k, unchecked))
             return flat, local_metas(self.coord, flat, _item_metas)
