@@ -42,6 +42,7 @@ from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
 from snapstate.state.views import StagedBytes, row_pieces
 from snapstate.storage.base import Storage
+from snapstate.storage.claim import Claim, claim_target
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,7 @@ class SaveJob:
         self.manifest: bytes | None = None  # encoded early by a single rank (see persist)
         self.blocking_s = 0.0
         self.persist_s = 0.0
+        self.claim: Claim | None = None  # rank 0's hold on the target while this save writes
 
     @property
     def rank_plan(self) -> RankPlan:
@@ -139,8 +141,11 @@ class SaveJob:
                 self.timings["stage_s"] = time.perf_counter() - started
                 if self.mode is SaveMode.BLOCKING:
                     return SaveHandle(result=self.finish())
-        except OSError as exc:
-            raise as_checkpoint_error(exc, self.storage.root) from exc
+        except BaseException as exc:
+            self._release_claim()
+            if isinstance(exc, OSError):
+                raise as_checkpoint_error(exc, self.storage.root) from exc
+            raise
         return SaveHandle(run=self.finish)
 
     def finish(self) -> SaveResult:
@@ -150,6 +155,13 @@ class SaveJob:
             return self.commit()
         except OSError as exc:  # disk full, read-only...: a CheckpointError, errno and path kept
             raise as_checkpoint_error(exc, self.storage.root) from exc
+        finally:
+            self._release_claim()
+
+    def _release_claim(self) -> None:
+        claim, self.claim = self.claim, None
+        if claim is not None:
+            claim.release()
 
     # -- steps -------------------------------------------------------------------------
     def agree(self) -> None:
@@ -157,6 +169,11 @@ class SaveJob:
 
         def local() -> tuple[FlatState, list[ItemMeta]]:
             flat = flatten_state(self.state)  # first: an unsaveable state touches nothing
+            if self.coord.rank == 0:
+                # one save writes a directory at a time (storage/claim.py): without overwrite
+                # a second one is refused, with overwrite it waits, so the last commit wins
+                overwrite = self.options.overwrite
+                self.claim = claim_target(self.storage, overwrite, self.options.timeout)
             if self.coord.rank == 0 and not self.options.overwrite:
                 # before this rank's offer: no rank writes before every offer is in, and
                 # without overwrite the clearing removes only an unfinished save's leftovers
