@@ -18,6 +18,7 @@ from snapstate.errors import (
     CorruptCheckpointError,
     IncompatibleStateError,
     InconsistentStateError,
+    NestingLimitError,
     ReplicaMismatchError,
     UnsupportedFormatError,
 )
@@ -42,6 +43,7 @@ __all__ = [
     "InconsistentStateError",
     "LoadResult",
     "Manifest",
+    "NestingLimitError",
     "PlanOptions",
     "RNGState",
     "RankLocal",

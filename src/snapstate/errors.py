@@ -10,6 +10,7 @@ Every error snapstate raises on purpose derives from ``CheckpointError``, so one
      ├── IncompatibleStateError (also ValueError)           target state does not match the checkpoint
      ├── ReplicaMismatchError (also ValueError)             replicas of a tensor differ across ranks at save
      ├── InconsistentStateError (also ValueError)           ranks disagree on a shared key's dtype/shape
+     ├── NestingLimitError (also ValueError)                a state or stored structure nested too deep
      ├── CheckpointTimeoutError (also TimeoutError)         a rank did not arrive in time
      ├── CheckpointIOError (also OSError, errno kept)       the OS refused a file (disk full, read-only)
      ├── CheckpointExistsError (also FileExistsError)       refusing to overwrite a committed checkpoint
@@ -89,6 +90,11 @@ class ReplicaMismatchError(CheckpointError, ValueError):
 
 class InconsistentStateError(CheckpointError, ValueError):
     """Ranks disagree on the dtype, shape or placement of a shared key."""
+
+
+class NestingLimitError(CheckpointError, ValueError):
+    """A state (on save) or a stored structure (on load) is nested deeper than the one limit
+    both share; names the key path. A limit, not damage: the manager never sets it aside."""
 
 
 class CheckpointTimeoutError(CheckpointError, TimeoutError):

@@ -21,8 +21,19 @@ from collections.abc import Iterator
 
 from snapstate.errors import CheckpointLockedError
 from snapstate.storage.base import Storage, storage_for
+from snapstate.storage.local import LocalStorage
 
 LOCK_FILE = ".snapstate.lock"
+MAX_LOCK_BYTES = 64 << 10  # a holder is a few hundred bytes of JSON
+
+
+def _read_capped(storage: Storage) -> bytes:
+    """The lock file's bytes, at most one past the cap; on local disks only a regular file
+    (no FIFO that blocks, no /dev/zero that never ends: O_NONBLOCK, O_NOFOLLOW, fstat)."""
+    if isinstance(storage, LocalStorage):
+        return storage.read_regular(LOCK_FILE, MAX_LOCK_BYTES)
+    return storage.read_bytes(LOCK_FILE, 0, MAX_LOCK_BYTES + 1)
+
 
 # Locks held by this process, by token: a second manager in the same process (same pid) is
 # refused while the first lives, and takes over once it is gone without closing.
@@ -113,9 +124,21 @@ class RootLock:
 
     def _read_holder(self) -> dict | None:
         try:
-            holder = json.loads(self.storage.read_bytes(LOCK_FILE))
+            raw = _read_capped(self.storage)
         except FileNotFoundError:
             return None
+        except OSError as exc:  # a FIFO, device, directory or symlink: never read, never taken
+            raise CheckpointLockedError(
+                f"the lock file {LOCK_FILE} of {self.storage.root} is not a regular file "
+                f"({exc.strerror}); remove it once no manager uses the root"
+            ) from exc
+        if len(raw) > MAX_LOCK_BYTES:
+            raise CheckpointLockedError(
+                f"the lock file {LOCK_FILE} of {self.storage.root} holds over {MAX_LOCK_BYTES} "
+                "bytes: not a snapstate lock; remove it once no manager uses the root"
+            )
+        try:
+            holder = json.loads(raw)
         except ValueError:
             holder = None
         # A torn or foreign lock file is stale.

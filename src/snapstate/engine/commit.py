@@ -196,6 +196,7 @@ def finish_rank(coord: Coordinator, storage: Storage, arrival: Arrival, timeout:
         if manifest is None or coord.world_size != 1:
             manifest = encode_manifest(arrival.plan, markers, arrival.tree, arrival.step)
         storage.write_atomic(MANIFEST, manifest)
+        _recheck_files(storage, markers)
     except BaseException as exc:
         # the ranks waiting hear why
         barrier.decide(describe(exc), getattr(exc, "arrived", arrived), wait=timeout)
@@ -226,6 +227,20 @@ def check_files(storage: Storage, markers: list[Marker]) -> None:
                     f"not committed: shard {storage.root}/{path} of rank {marker.rank} {what}"
                     " (was the checkpoint directory deleted or changed during the save?)"
                 )
+
+
+def _recheck_files(storage: Storage, markers: list[Marker]) -> None:
+    """The shards again, after the manifest: a root deleted between the first check and the
+    write (which recreated the directory) leaves a manifest of shards that are gone. Then
+    the manifest goes again and the save fails: it never reports success."""
+    try:
+        check_files(storage, markers)
+    except CheckpointError:
+        try:
+            storage.remove(MANIFEST)
+        except OSError:
+            pass
+        raise
 
 
 def report_failure(coord: Coordinator, save_id: str, exc: BaseException) -> None:

@@ -43,6 +43,7 @@ from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
 from snapstate.state.views import StagedBytes, row_pieces
 from snapstate.storage.base import Storage
+from snapstate.storage.claim import Claim, claim_target
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,7 @@ class SaveJob:
         self.options = options
         self.started = time.perf_counter()
         self.timings: dict[str, float] = {}
+        self.claim: Claim | None = None  # rank 0's hold on the target while this save writes
 
     def run(self) -> SaveHandle:
         """The foreground steps; a blocking save also persists and commits before returning."""
@@ -163,8 +165,11 @@ class SaveJob:
                 self.timings["stage_s"] = time.perf_counter() - started
                 if self.mode is SaveMode.BLOCKING:
                     return SaveHandle(result=self.finish(staged))
-        except OSError as exc:
-            raise as_checkpoint_error(exc, self.storage.root) from exc
+        except BaseException as exc:
+            self._release_claim()
+            if isinstance(exc, OSError):
+                raise as_checkpoint_error(exc, self.storage.root) from exc
+            raise
         return SaveHandle(run=lambda: self.finish(staged))
 
     def finish(self, staged: Staged) -> SaveResult:
@@ -173,17 +178,29 @@ class SaveJob:
             return self.commit(self.persist(staged))
         except OSError as exc:  # disk full, read-only...: a CheckpointError, errno and path kept
             raise as_checkpoint_error(exc, self.storage.root) from exc
+        finally:
+            self._release_claim()
+
+    def _release_claim(self) -> None:
+        claim, self.claim = self.claim, None
+        if claim is not None:
+            claim.release()
 
     # -- steps -------------------------------------------------------------------------
     def agree(self) -> Planned:
         """Flatten the state, exchange metadata and agree on the plan (cached while unchanged)."""
 
         def local() -> tuple[FlatState, list[ItemMeta]]:
+            flat = flatten_state(self.state)  # first: an unsaveable state touches nothing
+            if self.coord.rank == 0:
+                # one save writes a directory at a time (storage/claim.py): without overwrite
+                # a second one is refused, with overwrite it waits, so the last commit wins
+                overwrite = self.options.overwrite
+                self.claim = claim_target(self.storage, overwrite, self.options.timeout)
             if self.coord.rank == 0 and not self.options.overwrite:
                 # before this rank's offer: no rank writes before every offer is in, and
                 # without overwrite the clearing removes only an unfinished save's leftovers
                 _clear_target(self.storage, overwrite=False)
-            flat = flatten_state(self.state)
             if unchecked := self.options.unchecked_replicas:  # written from rank 0, unchecked
                 flat.rank0_keys.update(k for k in flat.tensors if under_any(k, unchecked))
             return flat, local_metas(self.coord, flat, _item_metas)

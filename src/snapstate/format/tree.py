@@ -7,6 +7,10 @@ from typing import Any
 
 FLOAT_NAMES = ("nan", "inf", "-inf")
 NUMPY_KINDS = ("ndarray", "npscalar")
+# The one nesting limit of a state tree, for save and load alike: saving refuses what loading
+# would refuse. The restore walk recurses (a few frames per level), so the limit keeps it far
+# from the interpreter's stack; no real training state comes near it.
+MAX_TREE_DEPTH = 200
 _SINGLE = frozenset({"d", "l", "tu", "t", "v", "f", "s", "rl"})
 
 

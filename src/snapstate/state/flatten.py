@@ -14,6 +14,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from snapstate.errors import NestingLimitError
+from snapstate.format.tree import MAX_TREE_DEPTH
 from snapstate.state.loaders import is_loader, is_rank_local_sampler, state_of
 from snapstate.state.rng import RNGState
 from snapstate.state.stateful import RankLocal, is_stateful
@@ -31,6 +33,11 @@ def escape_component(key: str | int) -> str:
 def join_key(prefix: str, key: str | int) -> str:
     component = escape_component(key)
     return f"{prefix}/{component}" if prefix else component
+
+
+def shorten_path(path: str) -> str:
+    """A key path short enough for an error message (a deep one runs to kilobytes)."""
+    return path if len(path) <= 120 else path[:120] + "..."
 
 
 def type_path(obj: Any) -> str:
@@ -60,11 +67,22 @@ class FlatState:
 def flatten_state(state: Any) -> FlatState:
     """Walk ``state`` once; raise TypeError naming the key path of anything unsaveable."""
     flat = FlatState(tree={})
-    flat.tree = _visit(state, "", flat, rank_local=False)
+    flat.tree = _visit(state, "", flat, False, 0)
     return flat
 
 
-def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
+def _too_deep(path: str) -> NestingLimitError:
+    return NestingLimitError(
+        f"the state is nested deeper than {MAX_TREE_DEPTH} levels at key {shorten_path(path)!r}; "
+        "a checkpoint of it could not be loaded, so nothing is saved"
+    )
+
+
+def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -> Node:
+    """The structure node of ``obj``; ``depth`` counts the nodes above it, as the restore walk
+    counts them, so that saving refuses exactly what loading would."""
+    if depth >= MAX_TREE_DEPTH:
+        raise _too_deep(path)
     cls = type(obj)
     # Fast paths for the exact types that fill most trees (a plain dict, tensor or scalar is
     # never Stateful nor rank-local); every subclass takes the general path below.
@@ -73,7 +91,7 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
     if cls is dict:
         return {
             "d": [
-                [_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local)]
+                [_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local, depth + 1)]
                 for k, v in obj.items()
             ]
         }
@@ -88,23 +106,26 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
             _numpy_to_torch(np.asarray(obj), path), path, flat, rank_local, "npscalar"
         )
     if is_rank_local(obj) and not rank_local:
+        # restored as an "rl" node, then an "s" node, then the state dict
         flat.rank_local_trees[path] = {
-            "s": _visit(state_of(obj, path), path, flat, rank_local=True)
+            "s": _visit(state_of(obj, path), path, flat, True, depth + 2)
         }
         return {"rl": path}
     if is_stateful(obj):
         if not rank_local:
             flat.rank0_keys.update(_rank0_keys(obj, path))
-        return {"s": _visit(state_of(obj, path), path, flat, rank_local)}
+        return {"s": _visit(state_of(obj, path), path, flat, rank_local, depth + 1)}
     if isinstance(obj, dict):
         return {
             "d": [
-                [_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local)]
+                [_check_key(k, path), _visit(v, join_key(path, k), flat, rank_local, depth + 1)]
                 for k, v in obj.items()
             ]
         }
     if isinstance(obj, (list, tuple)):
-        children = [_visit(v, join_key(path, i), flat, rank_local) for i, v in enumerate(obj)]
+        children = [
+            _visit(v, join_key(path, i), flat, rank_local, depth + 1) for i, v in enumerate(obj)
+        ]
         return {"tu" if isinstance(obj, tuple) else "l": children}
     if isinstance(obj, float):
         return {"v": obj} if math.isfinite(obj) else {"f": repr(obj)}

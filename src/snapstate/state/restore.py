@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from snapstate.errors import CorruptCheckpointError, StateMismatch
+from snapstate.errors import NestingLimitError, StateMismatch
 from snapstate.format.dtypes import empty_tensor
 from snapstate.format.manifest import MANIFEST
+from snapstate.format.tree import MAX_TREE_DEPTH
 from snapstate.state.dtensor import allocate_like, optimizer_templates
-from snapstate.state.flatten import Node, is_rank_local, join_key
+from snapstate.state.flatten import Node, is_rank_local, join_key, shorten_path
 from snapstate.state.loaders import load_into, restore_template
 from snapstate.state.stateful import is_stateful
 
@@ -56,9 +57,6 @@ class RestorePlan:
 
 
 Lookup = Callable[[str, bool], "StoredTensor | None"]
-# The walk recurses (a few frames per level); a stored tree nested deeper than any real state
-# is refused with a clear error instead of overflowing the interpreter's stack.
-MAX_TREE_DEPTH = 200
 _MISSING = object()
 
 
@@ -121,11 +119,9 @@ def _restore(
     containers the target lacks (lazily created optimizer state) are built from the manifest.
     """
     if walk.depth >= MAX_TREE_DEPTH:
-        shown = path if len(path) <= 120 else path[:120] + "..."
-        raise CorruptCheckpointError(
-            f"the stored structure is nested deeper than {MAX_TREE_DEPTH} levels",
-            file=MANIFEST,
-            key=shown,
+        raise NestingLimitError(
+            f"the stored structure is nested deeper than {MAX_TREE_DEPTH} levels, the limit of "
+            f"this snapstate (file {MANIFEST}, key {shorten_path(path)!r})"
         )
     walk.depth += 1
     try:
