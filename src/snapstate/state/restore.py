@@ -76,6 +76,8 @@ def _resolved(value: Any) -> Any:
 
 
 def _put(container: Any, key: Any, value: Any, walk: _Walk) -> None:
+    if value is _MISSING:  # skipped rank-local state read as plain containers: left out
+        return
     walk.plan.assignments.append((container, key, value))
     if isinstance(value, _Pending):
         walk.plan.finalizers.append(lambda: container.__setitem__(key, value.make()))
@@ -89,6 +91,15 @@ class _Walk:
     # optimizer state path -> its parameter
     templates: dict[str, torch.Tensor] = field(default_factory=dict)
     depth: int = 0  # structure nodes open on the walk's stack
+    wanted: tuple[str, ...] | None = None  # materializing: the key paths asked for (None: all)
+
+    def wants(self, path: str) -> bool:
+        """Whether ``path`` is asked for, lies above a key asked for, or below one."""
+        if self.wanted is None:
+            return True
+        return any(
+            k == path or k.startswith(path + "/") or path.startswith(k + "/") for k in self.wanted
+        )
 
 
 def plan_restore(
@@ -104,11 +115,32 @@ def plan_restore(
     return walk.plan
 
 
+def matches_nothing(target: Any, tree: Node) -> StateMismatch | None:
+    """A dict target that names no top-level key of the checkpoint: loading it would be a
+    silent no-op, so it is refused (strict or not)."""
+    if not isinstance(target, dict) or "d" not in tree:
+        return None
+    stored = [key for key, _ in tree["d"]]
+    if any(key in target for key in stored):
+        return None
+    shown = ", ".join(map(repr, stored[:20])) + (", ..." if len(stored) > 20 else "")
+    asked = ", ".join(map(repr, list(target)[:20])) or "nothing"
+    return StateMismatch(
+        "<root>", f"the target ({asked}) matches no key of the checkpoint, which holds {shown}"
+    )
+
+
 def plan_materialize(
-    tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None
+    tree: Node,
+    lookup: Lookup,
+    rank_local_trees: dict[str, Node] | None,
+    wanted: tuple[str, ...] | None = None,
 ) -> tuple[Any, RestorePlan]:
-    """Build the checkpoint's whole structure as plain containers with newly allocated tensors."""
-    walk = _Walk(lookup, rank_local_trees, RestorePlan())
+    """Build the checkpoint's structure as plain containers with newly allocated tensors:
+    all of it, or the branches of the key paths ``wanted`` (dict keys outside them are left
+    out). Skipped rank-local state (``rank_local_trees`` None) is left out and listed in
+    ``plan.skipped``."""
+    walk = _Walk(lookup, rank_local_trees, RestorePlan(), wanted=wanted)
     return _restore(_MISSING, tree, "", walk, rebuild=True, rank_local=False), walk.plan
 
 
@@ -176,7 +208,7 @@ def _restore_dict(
         sub = join_key(path, key)
         if key in target:
             _put(target, key, _restore(target[key], child, sub, walk, rebuild, rank_local), walk)
-        elif rebuild:
+        elif rebuild and walk.wants(sub):
             _put(target, key, _restore(_MISSING, child, sub, walk, rebuild, rank_local), walk)
     return target
 
