@@ -12,8 +12,8 @@ from snapstate.engine.load import (
     run_reads,
     stored_lookup,
 )
-from snapstate.errors import CorruptCheckpointError, IncompatibleStateError, StateMismatch
-from snapstate.format.manifest import MANIFEST, Manifest
+from snapstate.errors import IncompatibleStateError, StateMismatch
+from snapstate.format.manifest import Manifest
 from snapstate.state.flatten import escape_component
 from snapstate.state.restore import plan_materialize
 from snapstate.storage.base import Storage
@@ -37,9 +37,8 @@ def read_plain(
     trees = manifest.rank_local[valid].trees if valid is not None else None
     find = records_for(manifest, valid)
     value, plan = plan_materialize(manifest.tree, stored_lookup(find), trees, wanted)
-    if plan.mismatches:  # the manifest validated, so its tree names only stored tensors
-        first = plan.mismatches[0]
-        raise CorruptCheckpointError(first.problem, file=MANIFEST, key=first.key)
+    if plan.mismatches:  # an Enum whose class is not imported here
+        raise IncompatibleStateError(storage.root, plan.mismatches)
     plan.apply_structure()  # fresh containers: nothing of the caller's to keep if a read fails
     problems = _unread(value, wanted or (), plan.skipped, manifest, rank)
     if problems:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
+from snapstate.state.typed import ATOM_TAGS, CHILD_TAGS, atom_problem
+
 FLOAT_NAMES = ("nan", "inf", "-inf")
 NUMPY_KINDS = ("ndarray", "npscalar")
 _SINGLE = frozenset({"d", "l", "tu", "t", "v", "f", "s", "rl"})
@@ -40,6 +42,8 @@ def _node_problem(entry: _Entry, tensor_keys: Container[str], stack: list[_Entry
     node = entry[0]
     if not isinstance(node, dict):
         return f"expected an object, got {type(node).__name__}"
+    if "x" in node:
+        return _typed_problem(node, entry, stack)
     if len(node) == 2 and "n" in node and "k" in node:
         if node["k"] not in NUMPY_KINDS:
             return f"unknown numpy kind {node['k']!r}"
@@ -85,4 +89,20 @@ def _tensor_problem(key: Any, tensor_keys: Container[str]) -> str | None:
         return "a tensor node does not name a key"
     if key not in tensor_keys:
         return f"tensor {key!r} is not in the manifest's tensors"[:200]
+    return None
+
+
+def _typed_problem(node: dict, entry: _Entry, stack: list[_Entry]) -> str | None:
+    """A typed value (state/typed.py): an atom with its payload, or a tag around a child."""
+    tag = node["x"]
+    if not isinstance(tag, str):
+        return "a typed value's tag is not a string"
+    if tag in ATOM_TAGS and sorted(node) == ["v", "x"]:
+        return atom_problem(tag, node["v"])
+    expected = ["c", "v", "x"] if tag == "enum" else ["c", "x"]
+    if tag not in CHILD_TAGS or sorted(node) != expected:
+        return f"unknown typed value {tag!r} with fields {sorted(node)!r}"[:200]
+    if tag == "enum" and (not isinstance(node["v"], str) or ":" not in node["v"]):
+        return "an enum node does not name its class as 'module:qualname'"
+    stack.append((node["c"], entry[1], entry[2]))  # the same place in the tree
     return None

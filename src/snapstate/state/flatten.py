@@ -17,6 +17,7 @@ import torch
 from snapstate.state.loaders import is_loader, is_rank_local_sampler, state_of
 from snapstate.state.rng import RNGState
 from snapstate.state.stateful import RankLocal, is_stateful
+from snapstate.state.typed import TYPED_BASES, atom_payload, container_parts
 
 Node = dict[str, Any]
 
@@ -55,6 +56,9 @@ class FlatState:
     # Module buffers (BatchNorm statistics...): under DDP each rank updates its own between
     # steps and rank 0's copy is the one DDP broadcasts, so rank 0 writes them, unchecked.
     rank0_keys: set[str] = field(default_factory=set)
+    # Stateful objects being walked: one inside another's state dict is refused (its
+    # load_state_dict would get a plain dict back where the object was)
+    open_stateful: list[str] = field(default_factory=list)
 
 
 def flatten_state(state: Any) -> FlatState:
@@ -88,14 +92,14 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
             _numpy_to_torch(np.asarray(obj), path), path, flat, rank_local, "npscalar"
         )
     if is_rank_local(obj) and not rank_local:
-        flat.rank_local_trees[path] = {
-            "s": _visit(state_of(obj, path), path, flat, rank_local=True)
-        }
+        flat.rank_local_trees[path] = {"s": _stateful_node(obj, path, flat, rank_local=True)}
         return {"rl": path}
     if is_stateful(obj):
         if not rank_local:
             flat.rank0_keys.update(_rank0_keys(obj, path))
-        return {"s": _visit(state_of(obj, path), path, flat, rank_local)}
+        return {"s": _stateful_node(obj, path, flat, rank_local)}
+    if isinstance(obj, TYPED_BASES):
+        return _typed_node(obj, path, flat, rank_local)
     if isinstance(obj, dict):
         return {
             "d": [
@@ -112,8 +116,51 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
         return {"v": obj}
     raise TypeError(
         f"cannot checkpoint the value at key {path or '<root>'!r}: {type_path(obj)} is not a tensor, "
-        "numpy array, JSON value, container or Stateful object (snapstate never pickles)"
+        "numpy array, JSON value, container, typed value (dtype, device, Size, Path, datetime, "
+        "set, Namespace, Enum) or Stateful object (snapstate never pickles)"
     )
+
+
+def _stateful_node(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
+    if flat.open_stateful:
+        raise TypeError(
+            f"cannot checkpoint the value at key {path!r}: {type_path(obj)} is a Stateful object "
+            f"inside the state dict of {flat.open_stateful[-1] or '<root>'!r}, which must hold "
+            "data (its load_state_dict would get a plain dict back); put it in the state tree"
+        )
+    state = state_of(obj, path)
+    if isinstance(obj, torch.nn.Module) and not state:
+        raise TypeError(
+            f"cannot checkpoint the value at key {path!r}: {type_path(obj)} is a module with no "
+            "parameters or buffers: nothing of it would be saved and it would come back as {}"
+        )
+    flat.open_stateful.append(path)
+    node = _visit(state, path, flat, rank_local)
+    flat.open_stateful.pop()
+    return node
+
+
+def _typed_node(obj: Any, path: str, flat: FlatState, rank_local: bool) -> Node:
+    """A dtype, device, Size, Path, datetime, set, Namespace or Enum (see state/typed.py)."""
+    atom = atom_payload(obj, path)
+    if atom is not None:
+        return {"x": atom[0], "v": atom[1]}
+    tag, value, class_path = container_parts(obj)
+    if tag == "namespace":  # its attributes may hold anything a dict may
+        return {"x": tag, "c": _visit(value, path, flat, rank_local)}
+    child = _data_only(value, path)  # set elements and enum values: hashable data
+    return {"x": tag, "c": child} if class_path is None else {"x": tag, "v": class_path, "c": child}
+
+
+def _data_only(value: Any, path: str) -> Node:
+    scratch = FlatState(tree={}, open_stateful=[path])
+    node = _visit(value, path, scratch, rank_local=True)
+    if scratch.rank_local_tensors or scratch.rank_local_trees:
+        raise TypeError(
+            f"cannot checkpoint the set or enum at key {path!r}: it holds a tensor or an "
+            "array; only JSON and typed values are stored there"
+        )
+    return node
 
 
 def _rank0_keys(obj: Any, path: str) -> list[str]:

@@ -7,6 +7,7 @@ Reading the bytes is the engine's job.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,6 +22,7 @@ from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key
 from snapstate.state.loaders import load_into, restore_template
 from snapstate.state.stateful import is_stateful
+from snapstate.state.typed import ATOM_TAGS, decode_atom, enum_class, enum_member
 
 
 @dataclass(frozen=True)
@@ -171,6 +173,8 @@ def _restore_node(
 ) -> Any:
     if "t" in node or "n" in node:
         return _restore_tensor(target, node, path, walk, rank_local)
+    if "x" in node:
+        return _restore_typed(target, node, path, walk, rank_local)
     if "v" in node:
         return node["v"]
     if "f" in node:
@@ -261,6 +265,45 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
     template = restore_template(target)  # data loaders: see state/loaders.py
     new_sd = _restore(template, node, path, walk, rebuild=True, rank_local=rank_local)
     walk.plan.finalizers.append(lambda: load_into(target, _resolved(new_sd)))
+    return target
+
+
+def _restore_typed(target: Any, node: Node, path: str, walk: _Walk, rank_local: bool) -> Any:
+    """A typed value replaces the target's slot, as a plain value does (see state/typed.py)."""
+    tag = node["x"]
+    if tag in ATOM_TAGS:
+        return decode_atom(tag, node["v"])
+    if tag == "namespace":
+        attrs = _restore(_MISSING, node["c"], path, walk, rebuild=True, rank_local=rank_local)
+        return _Pending(lambda: argparse.Namespace(**{str(k): v for k, v in attrs.items()}))
+    value = _restore(_MISSING, node["c"], path, walk, rebuild=True, rank_local=rank_local)
+    if tag == "enum":
+        return _restore_enum(target, node["v"], value, path, walk)
+    kind = frozenset if tag == "frozenset" else set
+    return _Pending(lambda: _hashed(kind, _resolved(value), path))  # its list fills in later
+
+
+def _hashed(kind: type, elements: Any, path: str) -> Any:
+    try:
+        return kind(elements)
+    except TypeError:
+        raise CorruptCheckpointError(
+            "a set holds an element that is not hashable", file=MANIFEST, key=path
+        ) from None
+
+
+def _restore_enum(target: Any, class_path: str, value: Any, path: str, walk: _Walk) -> Any:
+    cls = enum_class(class_path, target)
+    member = enum_member(cls, value) if cls is not None else None
+    if member is not None:
+        return member
+    problem = (
+        f"enum {class_path} has no member of value {value!r}"
+        if cls is not None
+        else f"holds a member of enum {class_path}, which is not imported in this process: "
+        "import its module first (snapstate never imports a module a checkpoint names)"
+    )
+    walk.plan.mismatches.append(StateMismatch(path, problem[:300]))
     return target
 
 
