@@ -9,7 +9,7 @@ from snapstate.state.typed import ATOM_TAGS, CHILD_TAGS, atom_problem
 
 FLOAT_NAMES = ("nan", "inf", "-inf")
 NUMPY_KINDS = ("ndarray", "npscalar")
-_SINGLE = frozenset({"d", "l", "tu", "t", "v", "f", "s", "rl"})
+_SINGLE = frozenset({"d", "l", "tu", "t", "a", "v", "f", "s", "rl"})
 
 
 # A node on the walk's stack: (node, the entry of its parent, its key or index there). The
@@ -62,7 +62,7 @@ def _node_problem(entry: _Entry, tensor_keys: Container[str], stack: list[_Entry
         stack.extend((child, entry, i) for i, child in enumerate(value))
     elif kind == "s":
         stack.append((value, entry[1], entry[2]))  # the same place in the tree
-    elif kind == "t":
+    elif kind in ("t", "a"):  # a tensor, or an alias of one stored under another key
         return _tensor_problem(value, tensor_keys)
     elif kind == "f" and value not in FLOAT_NAMES:
         return f"float node {value!r} is not one of {FLOAT_NAMES}"[:200]

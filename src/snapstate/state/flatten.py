@@ -59,6 +59,9 @@ class FlatState:
     # Stateful objects being walked: one inside another's state dict is refused (its
     # load_state_dict would get a plain dict back where the object was)
     open_stateful: list[str] = field(default_factory=list)
+    # Tensors seen, by where their bytes lie: a second key of the same bytes (tied weights)
+    # is stored as an alias of the first, written once and loaded back sharing it
+    seen: dict[tuple[Any, ...], str] = field(default_factory=dict)
 
 
 def flatten_state(state: Any) -> FlatState:
@@ -191,9 +194,23 @@ def _tensor_leaf(t: torch.Tensor, path: str, flat: FlatState, rank_local: bool, 
     target = flat.rank_local_tensors if rank_local else flat.tensors
     if path in target:
         raise TypeError(f"two values map to the same key path {path!r} (a str key and an int key?)")
+    where = _bytes_of(t) if kind == "tensor" and not rank_local else None
+    if where is not None:
+        first = flat.seen.setdefault(where, path)
+        if first != path:
+            return {"a": first}
     target[path] = t
     flat.kinds[path] = kind
     return {"t": path} if kind == "tensor" else {"n": path, "k": kind}
+
+
+def _bytes_of(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """Where a plain tensor's bytes lie: equal for two views of the same memory in the same
+    shape (a tied weight and its alias); None for what is not deduplicated."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.numel() == 0:
+        return None
+    storage = t.untyped_storage()
+    return (t.device, storage.data_ptr(), t.storage_offset(), t.dtype, t.shape, t.stride())
 
 
 def _check_key(key: Any, path: str) -> str | int:

@@ -92,6 +92,8 @@ class _Walk:
     plan: RestorePlan
     # optimizer state path -> its parameter
     templates: dict[str, torch.Tensor] = field(default_factory=dict)
+    # tensors this walk allocated, by stored key: an alias gets the same tensor back
+    allocated: dict[str, torch.Tensor] = field(default_factory=dict)
     depth: int = 0  # structure nodes open on the walk's stack
     wanted: tuple[str, ...] | None = None  # materializing: the key paths asked for (None: all)
 
@@ -173,6 +175,8 @@ def _restore_node(
 ) -> Any:
     if "t" in node or "n" in node:
         return _restore_tensor(target, node, path, walk, rank_local)
+    if "a" in node:  # an alias (tied weight): the bytes stored under the first key
+        return _restore_tensor(target, {"t": node["a"]}, path, walk, rank_local)
     if "x" in node:
         return _restore_typed(target, node, path, walk, rank_local)
     if "v" in node:
@@ -356,6 +360,9 @@ def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local:
 
 
 def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> Any:
+    shared = walk.allocated.get(key) if stored.kind == "tensor" and not rank_local else None
+    if shared is not None:
+        return shared
     template = (
         walk.templates.get(key.rsplit("/", 1)[0])
         if stored.kind == "tensor" and not rank_local
@@ -365,6 +372,8 @@ def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> 
     tensor = placed if placed is not None else empty_tensor(stored.shape, stored.dtype)
     walk.plan.reads.append(ReadRequest(key, tensor, rank_local, fresh=True))
     if stored.kind == "tensor":
+        if not rank_local:
+            walk.allocated[key] = tensor
         return tensor
     array = tensor.numpy()
     return _Pending(lambda: array[()]) if stored.kind == "npscalar" else array
