@@ -1,7 +1,7 @@
 """snapstate: asynchronous, fully parallel, reshardable, crash-consistent training checkpoints."""
 
 from snapstate._version import __version__ as __version__
-from snapstate.api import async_save, inspect, load, save, verify
+from snapstate.api import async_save, inspect, load, read_state, save, verify
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult
 from snapstate.engine.save import SaveOptions
@@ -57,6 +57,7 @@ __all__ = [
     "async_save",
     "inspect",
     "load",
+    "read_state",
     "save",
     "verify",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from snapstate.collective.coordinator import default_coordinator
@@ -17,7 +18,7 @@ from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.save import SaveOptions, start_save
 from snapstate.engine.staging import HostBufferPool
 from snapstate.engine.verify import VerifyReport, read_manifest, verify_checkpoint
-from snapstate.errors import CheckpointError, IncompatibleStateError, StateMismatch
+from snapstate.errors import CheckpointError
 from snapstate.format.manifest import Manifest
 from snapstate.storage.base import Storage, storage_for
 
@@ -116,7 +117,11 @@ def load(
     """Fill ``state`` in place from the checkpoint at ``path``.
 
     Tensors are copied into the state's tensors, Stateful objects get ``load_state_dict``,
-    plain values are replaced. Keys the checkpoint has and the state lacks are ignored.
+    plain values are replaced. Keys the checkpoint has and the state lacks are ignored (load
+    ``{"model": model}`` alone from a full training checkpoint); a target that matches no key
+    of the checkpoint is an IncompatibleStateError. Per-rank state (``RNGState``, data
+    loaders, ``RankLocal``) loads on the rank that saved it; on another world size the
+    per-rank keys the target asks for are refused unless ``rank_local="skip"``.
     Collective when torch.distributed is initialized: with ``read_once=True`` bytes that
     several ranks need (replicated tensors) are read by one rank and sent to the others;
     ``read_once=False`` lets every rank read what it needs for itself; the default (None)
@@ -133,23 +138,59 @@ def load(
                 fail_together(coord, exc)
             raise
         rank = coord.rank if rank_local == "load" else None
+        refusal = None
         if rank is not None and manifest.rank_local and manifest.world_size != coord.world_size:
-            refusals = rank_local_refusals(manifest, coord.world_size)
-            raise IncompatibleStateError(storage.root, refusals)
+            # only the per-rank keys the target asks for are refused (load_into names them)
+            refusal, rank = rank_local_refusal(manifest.world_size, coord.world_size), None
         return load_into(
-            state, storage, manifest, rank, strict=strict, coord=coord, read_once=shared
+            state,
+            storage,
+            manifest,
+            rank,
+            strict=strict,
+            coord=coord,
+            read_once=shared,
+            rank_local_refusal=refusal,
         )
 
 
-def rank_local_refusals(manifest: Manifest, world_size: int) -> list[StateMismatch]:
+def rank_local_refusal(saved_on: int, world_size: int) -> str:
     """Per-rank state (data loaders, RNGState, RankLocal) cannot be dealt to another world size."""
-    keys = sorted({key for part in manifest.rank_local.values() for key in part.trees})
-    problem = (
-        f"per-rank state saved on {manifest.world_size} ranks, loading on {world_size}; pass "
+    return (
+        f"per-rank state saved on {saved_on} ranks, loading on {world_size}; pass "
         "rank_local='skip' to leave it as it is (a loader over snapstate.data.ElasticSampler "
         "resumes anyway if the sampler itself is in the state: its position is global)"
     )
-    return [StateMismatch(key, problem) for key in keys or ["<rank-local>"]]
+
+
+def read_state(
+    path: PathLike, keys: Sequence[str] | None = None, *, rank: int | None = None
+) -> dict[str, Any]:
+    """Read the checkpoint at ``path`` as plain nested containers, with no target to fill.
+
+    ``keys`` are key paths (``"model"``, ``"model/layer1.weight"``, ``"optim/state/0"``;
+    a ``/`` inside a key is written ``%2F``); None reads everything readable. The result is
+    nested from the root (``read_state(p, ["model"])["model"]`` is the model's state dict):
+    Stateful objects come back as their state dicts, sharded tensors whole, numpy values as
+    numpy, typed values (dtype, Path, datetime, sets...) as their types. Per-rank state
+    (RNGState, data loaders, RankLocal) is that of ``rank`` (default: this process's rank,
+    0 without torch.distributed); with ``keys=None`` it is left out when the checkpoint holds
+    none for that rank, and a per-rank key asked for explicitly is then an
+    IncompatibleStateError, as is a key the checkpoint lacks. Reads on this process only:
+    not a collective.
+    """
+    from snapstate.engine.readstate import read_plain
+
+    storage = storage_for(path)
+    with gc_paused():
+        manifest = read_manifest(storage)
+        return read_plain(storage, manifest, keys, _this_rank() if rank is None else rank)  # type: ignore[no-any-return]
+
+
+def _this_rank() -> int:
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def verify(path: PathLike) -> VerifyReport:

@@ -9,48 +9,23 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from snapstate.engine.load import (
-    DEFAULT_READ_THREADS,
-    plan_tasks,
-    records_for,
-    run_reads,
-    stored_lookup,
-)
+from snapstate.engine.readstate import read_plain
 from snapstate.engine.verify import read_manifest
 from snapstate.state.flatten import join_key
-from snapstate.state.restore import plan_materialize
 from snapstate.storage.base import storage_for
 
 
-def materialize(path: str | os.PathLike[str], rank: int | None = None) -> Any:
-    """The checkpoint as plain nested containers of full tensors (Stateful objects as dicts).
-
-    Sharded tensors are assembled whole; rank-local state is included for ``rank`` if given.
-    """
+def _full_state(path: str | os.PathLike[str]) -> Any:
+    """Everything but per-rank state, as plain containers."""
     storage = storage_for(path)
-    manifest = read_manifest(storage)
-    find = records_for(manifest, rank)
-    lookup = stored_lookup(find)
-
-    trees = (
-        manifest.rank_local[rank].trees
-        if rank is not None and rank in manifest.rank_local
-        else None
-    )
-    value, plan = plan_materialize(manifest.tree, lookup, trees)
-    tasks = plan_tasks(plan.reads, find)
-    run_reads(storage, tasks, DEFAULT_READ_THREADS)
-    plan.apply_structure()
-    for finalize in plan.finalizers:  # numpy scalars take their slots once read
-        finalize()
-    return value
+    return read_plain(storage, read_manifest(storage), None, None)
 
 
 def export_checkpoint(
     path: str | os.PathLike[str], to: Literal["torch", "safetensors"], out: str | os.PathLike[str]
 ) -> int:
     """Write the consolidated state to ``out``; returns the number of tensors written."""
-    state = materialize(path)
+    state = _full_state(path)
     if to == "torch":
         plain = _torch_friendly(state)
         torch.save(plain, out)

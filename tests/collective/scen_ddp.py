@@ -173,3 +173,24 @@ def subgroups(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
         "same": same,
         "received": loaded.bytes_received,
     }
+
+
+def save_full(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """A whole training state, per-rank loader and RNG included, for partial loads elsewhere."""
+    from torch.utils.data import DistributedSampler, TensorDataset
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    model, opt = build()
+    train(model, opt, rank, 2)
+    data = TensorDataset(torch.arange(64.0).reshape(32, 2))
+    loader = StatefulDataLoader(
+        data, batch_size=4, sampler=DistributedSampler(data, num_replicas=world, rank=rank)
+    )
+    batches = iter(loader)
+    for _ in range(rank + 1):  # each rank at its own position
+        next(batches)
+    state = {"model": model, "optim": opt, "loader": loader, "rng": ss.RNGState(), "step": 2}
+    ss.save(state, args["path"], options=OPTIONS)
+    if rank == 0:
+        save_file({k: v.contiguous() for k, v in model.state_dict().items()}, args["reference"])
+    return {"loader_position": loader.state_dict()["_num_yielded"]}

@@ -9,7 +9,6 @@ import pytest
 import torch
 
 import snapstate as ss
-from snapstate.export import materialize
 
 from .launch import RankServer
 
@@ -21,7 +20,7 @@ def test_batchnorm_buffers_saved_from_rank0(ranks: RankServer, tmp_path: Path) -
     results = ranks.run("collective.scen_buffers:save", 2, args, tmp_path / "run").check()
     assert results[0]["running_mean"] != results[1]["running_mean"]  # the replicas really differ
     assert results[0]["weight"] == results[1]["weight"]  # parameters are still true replicas
-    state = materialize(args["path"])
+    state = ss.read_state(args["path"])
     saved = state["model"]["1.running_mean"]
     assert torch.equal(saved, torch.tensor(results[0]["running_mean"], dtype=saved.dtype))
     manifest = ss.inspect(args["path"])

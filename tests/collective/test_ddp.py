@@ -92,11 +92,88 @@ def test_loads_in_one_process(saved: dict[str, Any]) -> None:
     assert sorted(got) == sorted(reference)
     assert all(same_bits(got[k], reference[k]) for k in reference)
     assert state["step"] == 3
-    from snapstate.export import materialize
-
-    full = flat_tensors(materialize(saved["args"]["path"]))
+    full = flat_tensors(ss.read_state(saved["args"]["path"]))
     assert same_bits(full["model/0.weight"], reference["model/0.weight"])
     assert isinstance(full["model/0.weight"], torch.Tensor)
+
+
+@pytest.fixture(scope="module")
+def saved_full(ranks: RankServer, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    work = tmp_path_factory.mktemp("ddp-full")
+    args = {"path": str(work / "ckpt"), "reference": str(work / "reference.safetensors")}
+    results = ranks.run("collective.scen_ddp:save_full", 2, args, work / "save").check()
+    return {"args": args, "results": results}
+
+
+def test_the_model_alone_loads_on_one_process(saved_full: dict[str, Any]) -> None:
+    from .scen_ddp import build
+
+    path = saved_full["args"]["path"]
+    assert ss.inspect(path).world_size == 2 and len(ss.inspect(path).rank_local) == 2
+    reference = load_file(saved_full["args"]["reference"])
+    model = build()[0]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    ss.load({"model": model}, path)  # loader, rng and optim are not asked for: ignored
+    got = model.state_dict()
+    assert sorted(got) == sorted(reference)
+    assert all(same_bits(got[k], reference[k]) for k in reference)
+    ss.load({"model": build()[0], "step": 0}, path, strict=False)
+
+
+def test_per_rank_keys_asked_for_are_refused_by_name(saved_full: dict[str, Any]) -> None:
+    from .scen_ddp import build
+
+    path = saved_full["args"]["path"]
+    with pytest.raises(ss.IncompatibleStateError) as info:
+        ss.load({"model": build()[0], "rng": ss.RNGState()}, path)
+    assert [m.key for m in info.value.mismatches] == ["rng"]
+    assert "saved on 2 ranks, loading on 1" in str(info.value)
+    assert "rank_local='skip'" in str(info.value)
+    assert "  loader:" not in str(info.value)
+    ss.load({"model": build()[0], "rng": ss.RNGState()}, path, rank_local="skip")
+
+
+def test_partial_load_errors_are_the_real_ones(saved_full: dict[str, Any]) -> None:
+    from torch import nn
+
+    path = saved_full["args"]["path"]
+    for target in ({}, {"other": 1}):
+        with pytest.raises(ss.IncompatibleStateError, match="matches no key"):
+            ss.load(target, path)
+        with pytest.raises(ss.IncompatibleStateError, match="matches no key"):
+            ss.load(target, path, strict=False)
+    wrong = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 130))
+    before = [p.clone() for p in wrong.parameters()]
+    with pytest.raises(ss.IncompatibleStateError) as info:
+        ss.load({"model": wrong}, path)
+    message = str(info.value)
+    assert "model/0.weight: shape [128, 64] in target, [256, 64] in checkpoint" in message
+    assert "  loader:" not in message and "  rng:" not in message
+    assert all(same_bits(a, b) for a, b in zip(before, wrong.parameters()))  # left as it was
+
+
+def test_read_state_reads_one_ranks_part(saved_full: dict[str, Any]) -> None:
+    path = saved_full["args"]["path"]
+    reference = load_file(saved_full["args"]["reference"])
+    model = ss.read_state(path, ["model"])
+    assert sorted(model) == ["model"]
+    assert all(same_bits(model["model"][k], reference[k]) for k in reference)
+    one = ss.read_state(path, ["model/0.bias"])["model"]
+    assert sorted(one) == ["0.bias"] and same_bits(one["0.bias"], reference["0.bias"])
+    positions = [r["loader_position"] for r in saved_full["results"]]
+    for rank in (0, 1):
+        loader = ss.read_state(path, ["loader"], rank=rank)["loader"]
+        assert loader["_num_yielded"] == positions[rank]
+    everything = ss.read_state(path)  # this process is rank 0
+    assert sorted(everything) == ["loader", "model", "optim", "rng", "step"]
+    assert everything["loader"]["_num_yielded"] == positions[0]
+    assert "loader" not in ss.read_state(path, rank=5)  # everything readable by rank 5
+    with pytest.raises(ss.IncompatibleStateError, match=r"rank=5.*ranks \[0, 1\]"):
+        ss.read_state(path, ["loader"], rank=5)
+    with pytest.raises(ss.IncompatibleStateError, match="model/nope: missing in checkpoint"):
+        ss.read_state(path, ["model/nope"])
 
 
 def test_no_collective_runs_in_the_background(ranks: RankServer, tmp_path: Path) -> None:

@@ -12,7 +12,6 @@ from safetensors.torch import load_file
 
 import snapstate as ss
 from snapstate.cli import main as cli
-from snapstate.export import materialize
 from support.bits import same_bits
 
 from .launch import RankServer
@@ -40,7 +39,7 @@ def _check_plain(path: str) -> None:
     state = {"params": {k: torch.zeros(SPECS[k][0], dtype=SPECS[k][1]) for k in SPECS}}
     ss.load(state, path)
     assert all(same_bits(state["params"][k], full(k)) for k in SPECS)
-    value = materialize(path)
+    value = ss.read_state(path)
     assert all(same_bits(value["params"][k], full(k)) for k in SPECS)
     out = str(Path(path).parent / "export.safetensors")
     # consolidated to one file

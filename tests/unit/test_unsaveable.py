@@ -25,7 +25,7 @@ def quantized() -> torch.Tensor:
 
 BAD_VALUES = {
     "lambda": lambda: lambda x: x,
-    "set": lambda: {1, 2},
+    "module_in_a_set": lambda: {1, Opaque()},
     "object": lambda: Opaque(),
     "bytes": lambda: b"raw",
     "complex": lambda: 1 + 2j,
@@ -58,7 +58,7 @@ def test_non_str_int_dict_keys_are_rejected(tmp_path: Path, key: object) -> None
 def test_unsaveable_inside_a_stateful_object(tmp_path: Path) -> None:
     class Holder:
         def state_dict(self) -> dict:
-            return {"fine": 1, "bad": {3, 4}}
+            return {"fine": 1, "bad": {3, 4j}}
 
         def load_state_dict(self, d: dict) -> None:
             pass
@@ -80,7 +80,7 @@ def test_failed_save_keeps_the_previous_checkpoint(tmp_path: Path) -> None:
 
 def test_async_save_raises_type_error_before_returning(tmp_path: Path) -> None:
     with pytest.raises(TypeError, match="x"):
-        ss.async_save({"x": {1, 2}}, tmp_path / "c")
+        ss.async_save({"x": {1, 2j}}, tmp_path / "c")
     # the failed call left no save in flight
     handle = ss.async_save({"x": torch.ones(2)}, tmp_path / "d")
     handle.wait()

@@ -30,14 +30,20 @@ from snapstate.engine.mapped import can_map, load_mapped
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
 from snapstate.engine.staging import bits_view, byte_view
-from snapstate.errors import IncompatibleStateError, SkippedKeys
+from snapstate.errors import IncompatibleStateError, SkippedKeys, StateMismatch
 from snapstate.format.dtypes import dtype_from_name, empty_bytes
 from snapstate.format.dtypes import itemsize as dtype_itemsize
 from snapstate.format.manifest import Manifest, TensorRecord
 from snapstate.planning.items import Box
 from snapstate.planning.reshard import covering_span, local_slices, overlap
 from snapstate.state.dtensor import local_box, local_data
-from snapstate.state.restore import ReadRequest, RestorePlan, StoredTensor, plan_restore
+from snapstate.state.restore import (
+    ReadRequest,
+    RestorePlan,
+    StoredTensor,
+    matches_nothing,
+    plan_restore,
+)
 from snapstate.storage.base import Storage, defines_with
 
 DEFAULT_READ_THREADS = 4
@@ -77,8 +83,10 @@ def load_into(
     threads: int = DEFAULT_READ_THREADS,
     coord: Coordinator | None = None,
     read_once: bool = True,
+    rank_local_refusal: str | None = None,
 ) -> LoadResult:
-    """Fill ``state`` in place. ``rank=None`` skips rank-local state.
+    """Fill ``state`` in place. ``rank=None`` skips rank-local state, or refuses the
+    rank-local keys the target asks for with ``rank_local_refusal`` as the reason.
 
     With a coordinator of several ranks and ``read_once``, bytes that several ranks need are
     read by one of them and sent to the others. With several ranks the load is a collective
@@ -90,7 +98,7 @@ def load_into(
     shared = together and read_once and transport_ok(coord)  # type: ignore[arg-type]
     find = records_for(manifest, rank)
     try:
-        plan = _plan(state, manifest, rank, find, strict, storage.root)
+        plan = _plan(state, manifest, rank, find, strict, storage.root, rank_local_refusal)
         per_read = tasks_per_read(plan.reads, find)
         tasks = [t for ts in per_read for t in ts]
     except Exception as exc:
@@ -138,6 +146,7 @@ def _plan(
     find: Callable[[str, bool], TensorRecord | None],
     strict: bool,
     root: str,
+    rank_local_refusal: str | None = None,
 ) -> RestorePlan:
     rl_trees = (
         manifest.rank_local[rank].trees
@@ -145,8 +154,15 @@ def _plan(
         else ({} if rank is not None else None)
     )
     plan = plan_restore(state, manifest.tree, stored_lookup(find), rl_trees)
-    if plan.mismatches and strict:
-        raise IncompatibleStateError(root, plan.mismatches)
+    problems = (
+        [StateMismatch(key, rank_local_refusal) for key in plan.skipped]
+        if rank_local_refusal
+        else []
+    )
+    problems += plan.mismatches if strict else []
+    nothing = matches_nothing(state, manifest.tree)
+    if problems or nothing:
+        raise IncompatibleStateError(root, problems + ([nothing] if nothing else []))
     return plan
 
 

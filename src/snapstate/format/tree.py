@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
+from snapstate.state.typed import ATOM_TAGS, CHILD_TAGS, atom_problem
+
 FLOAT_NAMES = ("nan", "inf", "-inf")
 NUMPY_KINDS = ("ndarray", "npscalar")
 # The one nesting limit of a state tree, for save and load alike: saving refuses what loading
 # would refuse. The restore walk recurses (a few frames per level), so the limit keeps it far
 # from the interpreter's stack; no real training state comes near it.
 MAX_TREE_DEPTH = 200
-_SINGLE = frozenset({"d", "l", "tu", "t", "v", "f", "s", "rl"})
+_SINGLE = frozenset({"d", "l", "tu", "t", "a", "v", "f", "s", "rl"})
 
 
 # A node on the walk's stack: (node, the entry of its parent, its key or index there). The
@@ -44,6 +46,8 @@ def _node_problem(entry: _Entry, tensor_keys: Container[str], stack: list[_Entry
     node = entry[0]
     if not isinstance(node, dict):
         return f"expected an object, got {type(node).__name__}"
+    if "x" in node:
+        return _typed_problem(node, entry, stack)
     if len(node) == 2 and "n" in node and "k" in node:
         if node["k"] not in NUMPY_KINDS:
             return f"unknown numpy kind {node['k']!r}"
@@ -62,7 +66,7 @@ def _node_problem(entry: _Entry, tensor_keys: Container[str], stack: list[_Entry
         stack.extend((child, entry, i) for i, child in enumerate(value))
     elif kind == "s":
         stack.append((value, entry[1], entry[2]))  # the same place in the tree
-    elif kind == "t":
+    elif kind in ("t", "a"):  # a tensor, or an alias of one stored under another key
         return _tensor_problem(value, tensor_keys)
     elif kind == "f" and value not in FLOAT_NAMES:
         return f"float node {value!r} is not one of {FLOAT_NAMES}"[:200]
@@ -89,4 +93,20 @@ def _tensor_problem(key: Any, tensor_keys: Container[str]) -> str | None:
         return "a tensor node does not name a key"
     if key not in tensor_keys:
         return f"tensor {key!r} is not in the manifest's tensors"[:200]
+    return None
+
+
+def _typed_problem(node: dict, entry: _Entry, stack: list[_Entry]) -> str | None:
+    """A typed value (state/typed.py): an atom with its payload, or a tag around a child."""
+    tag = node["x"]
+    if not isinstance(tag, str):
+        return "a typed value's tag is not a string"
+    if tag in ATOM_TAGS and sorted(node) == ["v", "x"]:
+        return atom_problem(tag, node["v"])
+    expected = ["c", "v", "x"] if tag == "enum" else ["c", "x"]
+    if tag not in CHILD_TAGS or sorted(node) != expected:
+        return f"unknown typed value {tag!r} with fields {sorted(node)!r}"[:200]
+    if tag == "enum" and (not isinstance(node["v"], str) or ":" not in node["v"]):
+        return "an enum node does not name its class as 'module:qualname'"
+    stack.append((node["c"], entry[1], entry[2]))  # the same place in the tree
     return None

@@ -19,6 +19,7 @@ from snapstate.format.tree import MAX_TREE_DEPTH
 from snapstate.state.loaders import is_loader, is_rank_local_sampler, state_of
 from snapstate.state.rng import RNGState
 from snapstate.state.stateful import RankLocal, is_stateful
+from snapstate.state.typed import TYPED_BASES, atom_payload, container_parts
 
 Node = dict[str, Any]
 
@@ -62,6 +63,12 @@ class FlatState:
     # Module buffers (BatchNorm statistics...): under DDP each rank updates its own between
     # steps and rank 0's copy is the one DDP broadcasts, so rank 0 writes them, unchecked.
     rank0_keys: set[str] = field(default_factory=set)
+    # Stateful objects being walked: one inside another's state dict is refused (its
+    # load_state_dict would get a plain dict back where the object was)
+    open_stateful: list[str] = field(default_factory=list)
+    # Tensors seen, by where their bytes lie: a second key of the same bytes (tied weights)
+    # is stored as an alias of the first, written once and loaded back sharing it
+    seen: dict[tuple[Any, ...], str] = field(default_factory=dict)
 
 
 def flatten_state(state: Any) -> FlatState:
@@ -107,14 +114,14 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -
         )
     if is_rank_local(obj) and not rank_local:
         # restored as an "rl" node, then an "s" node, then the state dict
-        flat.rank_local_trees[path] = {
-            "s": _visit(state_of(obj, path), path, flat, True, depth + 2)
-        }
+        flat.rank_local_trees[path] = {"s": _stateful_node(obj, path, flat, True, depth + 2)}
         return {"rl": path}
     if is_stateful(obj):
         if not rank_local:
             flat.rank0_keys.update(_rank0_keys(obj, path))
-        return {"s": _visit(state_of(obj, path), path, flat, rank_local, depth + 1)}
+        return {"s": _stateful_node(obj, path, flat, rank_local, depth + 1)}
+    if isinstance(obj, TYPED_BASES):
+        return _typed_node(obj, path, flat, rank_local, depth)
     if isinstance(obj, dict):
         return {
             "d": [
@@ -133,8 +140,51 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -
         return {"v": obj}
     raise TypeError(
         f"cannot checkpoint the value at key {path or '<root>'!r}: {type_path(obj)} is not a tensor, "
-        "numpy array, JSON value, container or Stateful object (snapstate never pickles)"
+        "numpy array, JSON value, container, typed value (dtype, device, Size, Path, datetime, "
+        "set, Namespace, Enum) or Stateful object (snapstate never pickles)"
     )
+
+
+def _stateful_node(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -> Node:
+    if flat.open_stateful:
+        raise TypeError(
+            f"cannot checkpoint the value at key {path!r}: {type_path(obj)} is a Stateful object "
+            f"inside the state dict of {flat.open_stateful[-1] or '<root>'!r}, which must hold "
+            "data (its load_state_dict would get a plain dict back); put it in the state tree"
+        )
+    state = state_of(obj, path)
+    if isinstance(obj, torch.nn.Module) and not state:
+        raise TypeError(
+            f"cannot checkpoint the value at key {path!r}: {type_path(obj)} is a module with no "
+            "parameters or buffers: nothing of it would be saved and it would come back as {}"
+        )
+    flat.open_stateful.append(path)
+    node = _visit(state, path, flat, rank_local, depth)
+    flat.open_stateful.pop()
+    return node
+
+
+def _typed_node(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -> Node:
+    """A dtype, device, Size, Path, datetime, set, Namespace or Enum (see state/typed.py)."""
+    atom = atom_payload(obj, path)
+    if atom is not None:
+        return {"x": atom[0], "v": atom[1]}
+    tag, value, class_path = container_parts(obj)
+    if tag == "namespace":  # its attributes may hold anything a dict may
+        return {"x": tag, "c": _visit(value, path, flat, rank_local, depth + 1)}
+    child = _data_only(value, path, depth + 1)  # set elements and enum values: hashable data
+    return {"x": tag, "c": child} if class_path is None else {"x": tag, "v": class_path, "c": child}
+
+
+def _data_only(value: Any, path: str, depth: int) -> Node:
+    scratch = FlatState(tree={}, open_stateful=[path])
+    node = _visit(value, path, scratch, True, depth)
+    if scratch.rank_local_tensors or scratch.rank_local_trees:
+        raise TypeError(
+            f"cannot checkpoint the set or enum at key {path!r}: it holds a tensor or an "
+            "array; only JSON and typed values are stored there"
+        )
+    return node
 
 
 def _rank0_keys(obj: Any, path: str) -> list[str]:
@@ -165,9 +215,23 @@ def _tensor_leaf(t: torch.Tensor, path: str, flat: FlatState, rank_local: bool, 
     target = flat.rank_local_tensors if rank_local else flat.tensors
     if path in target:
         raise TypeError(f"two values map to the same key path {path!r} (a str key and an int key?)")
+    where = _bytes_of(t) if kind == "tensor" and not rank_local else None
+    if where is not None:
+        first = flat.seen.setdefault(where, path)
+        if first != path:
+            return {"a": first}
     target[path] = t
     flat.kinds[path] = kind
     return {"t": path} if kind == "tensor" else {"n": path, "k": kind}
+
+
+def _bytes_of(t: torch.Tensor) -> tuple[Any, ...] | None:
+    """Where a plain tensor's bytes lie: equal for two views of the same memory in the same
+    shape (a tied weight and its alias); None for what is not deduplicated."""
+    if type(t) not in (torch.Tensor, torch.nn.Parameter) or t.numel() == 0:
+        return None
+    storage = t.untyped_storage()
+    return (t.device, storage.data_ptr(), t.storage_offset(), t.dtype, t.shape, t.stride())
 
 
 def _check_key(key: Any, path: str) -> str | int:

@@ -7,6 +7,7 @@ Reading the bytes is the engine's job.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from snapstate.errors import NestingLimitError, StateMismatch
+from snapstate.errors import CorruptCheckpointError, NestingLimitError, StateMismatch
 from snapstate.format.dtypes import empty_tensor
 from snapstate.format.manifest import MANIFEST
 from snapstate.format.tree import MAX_TREE_DEPTH
@@ -22,6 +23,7 @@ from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key, shorten_path
 from snapstate.state.loaders import load_into, restore_template
 from snapstate.state.stateful import is_stateful
+from snapstate.state.typed import ATOM_TAGS, decode_atom, enum_class, enum_member
 
 
 @dataclass(frozen=True)
@@ -74,6 +76,8 @@ def _resolved(value: Any) -> Any:
 
 
 def _put(container: Any, key: Any, value: Any, walk: _Walk) -> None:
+    if value is _MISSING:  # skipped rank-local state read as plain containers: left out
+        return
     walk.plan.assignments.append((container, key, value))
     if isinstance(value, _Pending):
         walk.plan.finalizers.append(lambda: container.__setitem__(key, value.make()))
@@ -86,7 +90,18 @@ class _Walk:
     plan: RestorePlan
     # optimizer state path -> its parameter
     templates: dict[str, torch.Tensor] = field(default_factory=dict)
+    # tensors this walk allocated, by stored key: an alias gets the same tensor back
+    allocated: dict[str, torch.Tensor] = field(default_factory=dict)
     depth: int = 0  # structure nodes open on the walk's stack
+    wanted: tuple[str, ...] | None = None  # materializing: the key paths asked for (None: all)
+
+    def wants(self, path: str) -> bool:
+        """Whether ``path`` is asked for, lies above a key asked for, or below one."""
+        if self.wanted is None:
+            return True
+        return any(
+            k == path or k.startswith(path + "/") or path.startswith(k + "/") for k in self.wanted
+        )
 
 
 def plan_restore(
@@ -102,11 +117,32 @@ def plan_restore(
     return walk.plan
 
 
+def matches_nothing(target: Any, tree: Node) -> StateMismatch | None:
+    """A dict target that names no top-level key of the checkpoint: loading it would be a
+    silent no-op, so it is refused (strict or not)."""
+    if not isinstance(target, dict) or "d" not in tree:
+        return None
+    stored = [key for key, _ in tree["d"]]
+    if any(key in target for key in stored):
+        return None
+    shown = ", ".join(map(repr, stored[:20])) + (", ..." if len(stored) > 20 else "")
+    asked = ", ".join(map(repr, list(target)[:20])) or "nothing"
+    return StateMismatch(
+        "<root>", f"the target ({asked}) matches no key of the checkpoint, which holds {shown}"
+    )
+
+
 def plan_materialize(
-    tree: Node, lookup: Lookup, rank_local_trees: dict[str, Node] | None
+    tree: Node,
+    lookup: Lookup,
+    rank_local_trees: dict[str, Node] | None,
+    wanted: tuple[str, ...] | None = None,
 ) -> tuple[Any, RestorePlan]:
-    """Build the checkpoint's whole structure as plain containers with newly allocated tensors."""
-    walk = _Walk(lookup, rank_local_trees, RestorePlan())
+    """Build the checkpoint's structure as plain containers with newly allocated tensors:
+    all of it, or the branches of the key paths ``wanted`` (dict keys outside them are left
+    out). Skipped rank-local state (``rank_local_trees`` None) is left out and listed in
+    ``plan.skipped``."""
+    walk = _Walk(lookup, rank_local_trees, RestorePlan(), wanted=wanted)
     return _restore(_MISSING, tree, "", walk, rebuild=True, rank_local=False), walk.plan
 
 
@@ -135,6 +171,10 @@ def _restore_node(
 ) -> Any:
     if "t" in node or "n" in node:
         return _restore_tensor(target, node, path, walk, rank_local)
+    if "a" in node:  # an alias (tied weight): the bytes stored under the first key
+        return _restore_tensor(target, {"t": node["a"]}, path, walk, rank_local)
+    if "x" in node:
+        return _restore_typed(target, node, path, walk, rank_local)
     if "v" in node:
         return node["v"]
     if "f" in node:
@@ -172,7 +212,7 @@ def _restore_dict(
         sub = join_key(path, key)
         if key in target:
             _put(target, key, _restore(target[key], child, sub, walk, rebuild, rank_local), walk)
-        elif rebuild:
+        elif rebuild and walk.wants(sub):
             _put(target, key, _restore(_MISSING, child, sub, walk, rebuild, rank_local), walk)
     return target
 
@@ -228,6 +268,45 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
     return target
 
 
+def _restore_typed(target: Any, node: Node, path: str, walk: _Walk, rank_local: bool) -> Any:
+    """A typed value replaces the target's slot, as a plain value does (see state/typed.py)."""
+    tag = node["x"]
+    if tag in ATOM_TAGS:
+        return decode_atom(tag, node["v"])
+    if tag == "namespace":
+        attrs = _restore(_MISSING, node["c"], path, walk, rebuild=True, rank_local=rank_local)
+        return _Pending(lambda: argparse.Namespace(**{str(k): v for k, v in attrs.items()}))
+    value = _restore(_MISSING, node["c"], path, walk, rebuild=True, rank_local=rank_local)
+    if tag == "enum":
+        return _restore_enum(target, node["v"], value, path, walk)
+    kind = frozenset if tag == "frozenset" else set
+    return _Pending(lambda: _hashed(kind, _resolved(value), path))  # its list fills in later
+
+
+def _hashed(kind: type, elements: Any, path: str) -> Any:
+    try:
+        return kind(elements)
+    except TypeError:
+        raise CorruptCheckpointError(
+            "a set holds an element that is not hashable", file=MANIFEST, key=path
+        ) from None
+
+
+def _restore_enum(target: Any, class_path: str, value: Any, path: str, walk: _Walk) -> Any:
+    cls = enum_class(class_path, target)
+    member = enum_member(cls, value) if cls is not None else None
+    if member is not None:
+        return member
+    problem = (
+        f"enum {class_path} has no member of value {value!r}"
+        if cls is not None
+        else f"holds a member of enum {class_path}, which is not imported in this process: "
+        "import its module first (snapstate never imports a module a checkpoint names)"
+    )
+    walk.plan.mismatches.append(StateMismatch(path, problem[:300]))
+    return target
+
+
 def _restore_rank_local(target: Any, node: Node, path: str, walk: _Walk) -> Any:
     if walk.rank_local_trees is None:
         walk.plan.skipped.append(path)
@@ -277,6 +356,9 @@ def _restore_tensor(target: Any, node: Node, path: str, walk: _Walk, rank_local:
 
 
 def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> Any:
+    shared = walk.allocated.get(key) if stored.kind == "tensor" and not rank_local else None
+    if shared is not None:
+        return shared
     template = (
         walk.templates.get(key.rsplit("/", 1)[0])
         if stored.kind == "tensor" and not rank_local
@@ -286,6 +368,8 @@ def _allocate(key: str, stored: StoredTensor, walk: _Walk, rank_local: bool) -> 
     tensor = placed if placed is not None else empty_tensor(stored.shape, stored.dtype)
     walk.plan.reads.append(ReadRequest(key, tensor, rank_local, fresh=True))
     if stored.kind == "tensor":
+        if not rank_local:
+            walk.allocated[key] = tensor
         return tensor
     array = tensor.numpy()
     return _Pending(lambda: array[()]) if stored.kind == "npscalar" else array
