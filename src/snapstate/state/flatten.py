@@ -63,9 +63,9 @@ class FlatState:
     # Module buffers (BatchNorm statistics...): under DDP each rank updates its own between
     # steps and rank 0's copy is the one DDP broadcasts, so rank 0 writes them, unchecked.
     rank0_keys: set[str] = field(default_factory=set)
-    # Stateful objects being walked: one inside another's state dict is refused (its
-    # load_state_dict would get a plain dict back where the object was)
-    open_stateful: list[str] = field(default_factory=list)
+    # Walking a set's elements or an enum's value: plain data only, no Stateful object (it
+    # would come back as its state dict, a dict, where a hashable element was)
+    data_only: str | None = None
     # Tensors seen, by where their bytes lie: a second key of the same bytes (tied weights)
     # is stored as an alias of the first, written once and loaded back sharing it
     seen: dict[tuple[Any, ...], str] = field(default_factory=dict)
@@ -146,11 +146,10 @@ def _visit(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -
 
 
 def _stateful_node(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -> Node:
-    if flat.open_stateful:
+    if flat.data_only is not None:
         raise TypeError(
             f"cannot checkpoint the value at key {path!r}: {type_path(obj)} is a Stateful object "
-            f"inside the state dict of {flat.open_stateful[-1] or '<root>'!r}, which must hold "
-            "data (its load_state_dict would get a plain dict back); put it in the state tree"
+            f"inside the set or enum at {flat.data_only!r}, which holds only plain data"
         )
     state = state_of(obj, path)
     if isinstance(obj, torch.nn.Module) and not state:
@@ -158,10 +157,9 @@ def _stateful_node(obj: Any, path: str, flat: FlatState, rank_local: bool, depth
             f"cannot checkpoint the value at key {path!r}: {type_path(obj)} is a module with no "
             "parameters or buffers: nothing of it would be saved and it would come back as {}"
         )
-    flat.open_stateful.append(path)
-    node = _visit(state, path, flat, rank_local, depth)
-    flat.open_stateful.pop()
-    return node
+    # A Stateful inside another's state dict (RankLocal(loader)) restores in place when the
+    # target's state dict holds the live object, as the template walk hands it back
+    return _visit(state, path, flat, rank_local, depth)
 
 
 def _typed_node(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: int) -> Node:
@@ -177,7 +175,7 @@ def _typed_node(obj: Any, path: str, flat: FlatState, rank_local: bool, depth: i
 
 
 def _data_only(value: Any, path: str, depth: int) -> Node:
-    scratch = FlatState(tree={}, open_stateful=[path])
+    scratch = FlatState(tree={}, data_only=path)
     node = _visit(value, path, scratch, True, depth)
     if scratch.rank_local_tensors or scratch.rank_local_trees:
         raise TypeError(
