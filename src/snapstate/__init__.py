@@ -4,7 +4,7 @@ from snapstate._version import __version__ as __version__
 from snapstate.api import async_save, inspect, load, read_state, save, verify
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult
-from snapstate.engine.save import SaveOptions
+from snapstate.engine.options import SaveOptions
 from snapstate.engine.staging import HostBufferPool
 from snapstate.engine.verify import VerifyReport
 from snapstate.errors import (

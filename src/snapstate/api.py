@@ -15,7 +15,8 @@ from snapstate.engine.background import wait_until_idle
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.load import LoadResult, load_into
-from snapstate.engine.save import SaveOptions, start_save
+from snapstate.engine.options import SaveOptions, with_keywords
+from snapstate.engine.save import start_save
 from snapstate.engine.staging import HostBufferPool
 from snapstate.engine.verify import VerifyReport, read_manifest, verify_checkpoint
 from snapstate.errors import CheckpointError
@@ -53,23 +54,17 @@ def save(
     step: int | None = None,
     process_group: Any = None,
     timeout: float | None = None,
-    overwrite: bool = False,
+    overwrite: bool | None = None,
     options: SaveOptions | None = None,
 ) -> SaveResult:
     """Save ``state`` to the directory ``path`` and return once it is committed.
 
     Collective when torch.distributed is initialized: every rank of ``process_group`` calls it.
+    ``timeout`` and ``overwrite`` are the SaveOptions fields of the same names (None: the
+    options' value); one that contradicts a field ``options`` sets is a ValueError.
     """
-    wait_for_pending()
-    opts = _options(options, timeout, overwrite)
-    return start_save(
-        state,
-        storage_for(path),
-        default_coordinator(process_group),
-        pool=None,
-        step=step,
-        options=opts,
-    ).wait()
+    opts = with_keywords(options, timeout=timeout, overwrite=overwrite)
+    return _start(state, path, step, process_group, opts, pool=None).wait()
 
 
 def async_save(
@@ -79,7 +74,7 @@ def async_save(
     step: int | None = None,
     process_group: Any = None,
     timeout: float | None = None,
-    overwrite: bool = False,
+    overwrite: bool | None = None,
     options: SaveOptions | None = None,
     pool: HostBufferPool | None = None,
 ) -> SaveHandle:
@@ -87,18 +82,31 @@ def async_save(
 
     After it returns the caller may change its tensors freely: the checkpoint holds the values
     of the moment of the call. One save is in flight at a time per process: a new save first
-    waits for the previous one (and raises its error if it failed unobserved).
+    waits for the previous one (and raises its error if it failed unobserved). The keywords
+    are those of ``save``.
     """
+    opts = with_keywords(options, timeout=timeout, overwrite=overwrite)
+    return _start(state, path, step, process_group, opts, pool=pool or default_pool())
+
+
+def _start(
+    state: Any,
+    path: PathLike,
+    step: int | None,
+    process_group: Any,
+    options: SaveOptions,
+    pool: HostBufferPool | None,
+) -> SaveHandle:
+    """Both saves, once the previous one is over: async when a staging ``pool`` is given."""
     global _in_flight
     wait_for_pending()
-    opts = _options(options, timeout, overwrite)
     handle = start_save(
         state,
         storage_for(path),
         default_coordinator(process_group),
-        pool=pool or default_pool(),
+        pool=pool,
         step=step,
-        options=opts,
+        options=options,
     )
     _in_flight = handle
     return handle
@@ -201,17 +209,6 @@ def verify(path: PathLike) -> VerifyReport:
 def inspect(path: PathLike) -> Manifest:
     """The validated manifest of a committed checkpoint."""
     return read_manifest(storage_for(path))
-
-
-def _options(options: SaveOptions | None, timeout: float | None, overwrite: bool) -> SaveOptions:
-    from dataclasses import replace
-
-    opts = options or SaveOptions()
-    if timeout is not None:
-        opts = replace(opts, timeout=timeout)
-    if overwrite:
-        opts = replace(opts, overwrite=True)
-    return opts
 
 
 # How long exit waits for save threads to let go of finished jobs (microseconds, normally);

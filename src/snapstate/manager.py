@@ -15,7 +15,7 @@ from typing import Any
 from snapstate import api
 from snapstate.collective.coordinator import Coordinator, default_coordinator
 from snapstate.engine.handle import SaveHandle, SaveResult
-from snapstate.engine.save import SaveOptions
+from snapstate.engine.options import SaveOptions, with_keywords
 from snapstate.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -62,7 +62,8 @@ class CheckpointManager:
         self._given_storage = not isinstance(root, (str, os.PathLike))
         self.root = os.fspath(root) if isinstance(root, (str, os.PathLike)) else self.storage.root
         self.keep_last, self.keep_every, self.async_save = keep_last, keep_every, async_save
-        self.timeout, self.process_group, self.options = timeout, process_group, options
+        self.process_group = process_group
+        self.options = with_keywords(options, timeout=timeout)  # a ValueError if they disagree
         self.coord: Coordinator = default_coordinator(process_group)
         self.corrupt_steps: dict[int, str] = {}  # steps skipped by restore(), with the reason
         self._pending: SaveHandle | None = None
@@ -97,12 +98,7 @@ class CheckpointManager:
     def save(self, step: int, state: Any) -> SaveHandle | SaveResult:
         """Checkpoint ``state`` as ``step``; async managers return a handle after staging."""
         self.wait()
-        kwargs = {
-            "step": step,
-            "process_group": self.process_group,
-            "timeout": self.timeout,
-            "options": self.options,
-        }
+        kwargs = {"step": step, "process_group": self.process_group, "options": self.options}
         if not self.async_save:
             result = api.save(state, self.path(step), **kwargs)
             self._apply_retention()

@@ -13,7 +13,8 @@ from snapstate.collective.barrier import StoreBarrier, store_barrier
 from snapstate.collective.coordinator import gather_or_raise
 from snapstate.collective.exchange import exchange_plan
 from snapstate.collective.replica_check import device_fingerprint, fingerprint
-from snapstate.engine.save import SaveOptions, start_save
+from snapstate.engine.options import SaveOptions
+from snapstate.engine.save import start_save
 from snapstate.planning.cache import Decision, Offer, decide
 from snapstate.planning.layout import PlanOptions
 from snapstate.state.dtensor import item_meta

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 import snapstate as ss
-from snapstate.engine.save import SaveOptions, start_save
+from snapstate.engine.options import SaveOptions
+from snapstate.engine.save import start_save
 from snapstate.planning.items import Box, ItemMeta, Placement
 from snapstate.planning.layout import PlanOptions, plan_save
 from snapstate.planning.replicas import replica_groups, witness_candidates, witnessed_by

@@ -15,8 +15,9 @@ import torch
 import snapstate as ss
 import snapstate.engine.save as save_mod
 from snapstate.collective.coordinator import LocalCoordinator
+from snapstate.engine.options import SaveOptions
 from snapstate.engine.persist import RankWriter
-from snapstate.engine.save import SaveOptions, start_save
+from snapstate.engine.save import start_save
 from snapstate.storage.local import LocalFileWriter, LocalStorage
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
@@ -24,45 +24,24 @@ from snapstate.engine.commit import (
 )
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.options import SaveOptions
 from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
 from snapstate.engine.stageplan import Run, Single, single_run, stage_steps, witness_steps
 from snapstate.engine.staging import (
-    DEFAULT_SLAB_BYTES,
     SMALL_CHUNK_BYTES,
     HostBufferPool,
     Stager,
 )
 from snapstate.errors import CheckpointExistsError
-from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.format.manifest import MANIFEST
 from snapstate.format.marker import LocalTensor, Marker
 from snapstate.planning.items import ItemMeta, PlacedItem, Placement, RankPlan, WriteItem
-from snapstate.planning.layout import PlanOptions
 from snapstate.planning.replicas import witnessed_by
 from snapstate.state.dtensor import item_meta, source_view
 from snapstate.state.flatten import FlatState, flatten_state
 from snapstate.state.views import StagedBytes, row_pieces
 from snapstate.storage.base import Storage
 from snapstate.storage.claim import Claim, claim_target
-
-
-@dataclass(frozen=True)
-class SaveOptions:
-    timeout: float = 1800.0  # seconds to wait for other ranks or for staging memory
-    block_bytes: int = DEFAULT_BLOCK_BYTES  # one xxh3 checksum per block
-    piece_bytes: int = DEFAULT_SLAB_BYTES  # unit of staging and writing
-    threads: int = 1  # writer threads per rank (files are spread over them)
-    overwrite: bool = False  # replace a committed checkpoint at the same path
-    plan: PlanOptions = field(default_factory=PlanOptions)
-    # "hash": replicas must hash equal across ranks (checked at save); "off"
-    verify_replicas: str = "hash"
-    # key paths (and everything under them) whose replicas may differ: rank 0's copy is written,
-    # as for module buffers, and the replica check skips them
-    unchecked_replicas: tuple[str, ...] = ()
-    # witnesses per replicated chunk and save: k = a rotating k of the holders (hash work k x
-    # the replicated state per save, a diverged holder caught within holders - 1 saves);
-    # None = every holder, every save
-    replica_witnesses: int | None = 1
 
 
 class SaveMode(Enum):

@@ -22,9 +22,19 @@ DEFAULT_FILE_BYTES = 2 << 30
 
 @dataclass(frozen=True)
 class PlanOptions:
-    # replicated tensors are split and spread in chunks of this size
+    """How a save is planned (``SaveOptions.plan``).
+
+    Fields:
+
+    - ``chunk_bytes``: replicated tensors are split into chunks of about this size, spread
+      over the ranks that hold them, so that each rank writes a balanced share (default
+      32 MiB).
+    - ``max_file_bytes``: a rank starts a new shard file once its current one passes this size
+      (default 2 GiB).
+    """
+
     chunk_bytes: int = DEFAULT_CHUNK_BYTES
-    max_file_bytes: int = DEFAULT_FILE_BYTES  # a rank starts a new shard file past this size
+    max_file_bytes: int = DEFAULT_FILE_BYTES
 
 
 def plan_save(all_metas: list[list[ItemMeta]], options: PlanOptions = PlanOptions()) -> SavePlan:
