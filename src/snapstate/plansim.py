@@ -20,12 +20,14 @@ from typing import Any
 import click
 
 from snapstate.engine.commit import assemble_manifest, marker_chunk
+from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.format.integrity import block_count
 from snapstate.format.manifest import parse_manifest
 from snapstate.format.marker import Marker
+from snapstate.planning.holdings import gather_holdings
 from snapstate.planning.items import Box, ItemMeta, Placement
-from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
-from snapstate.planning.replicas import replica_groups
+from snapstate.planning.layout import PlanOptions, SavePlan, plan_from
+from snapstate.planning.replicas import groups_from, witness_candidates
 
 GiB = 1 << 30
 PRESETS: dict[str, dict[str, int]] = {  # Llama-style dimensions
@@ -214,15 +216,18 @@ def simulate(cfg: SimConfig) -> SimReport:
     timings["metadata"] = time.perf_counter() - started
     options = PlanOptions(chunk_bytes=cfg.chunk_mib << 20, max_file_bytes=cfg.file_gib * GiB)
     started = time.perf_counter()
-    plan = plan_save(all_metas, options)
-    plan.for_rank(0)  # what one rank computes: the whole assignment, then its own files
+    with gc_paused():  # as in a save, whose planning runs with the cyclic collector paused
+        # what one rank computes (collective/exchange.py): the index of every rank's metadata,
+        # the whole assignment, its own files, the replica groups and what it witnesses
+        holdings = gather_holdings(all_metas)
+        plan = plan_from(holdings, options)
+        plan.for_rank(0)
+        groups_from(holdings)
+        witness_candidates(plan, 0)
     timings["plan (per rank)"] = time.perf_counter() - started
     started = time.perf_counter()
     rank_plans = plan.ranks  # every rank's files: for this report, not part of a rank's save
     timings["layout of all ranks (report only)"] = time.perf_counter() - started
-    started = time.perf_counter()
-    replica_groups(all_metas)
-    timings["replica_groups"] = time.perf_counter() - started
     manifest_bytes, chunks, t_build, t_parse = _manifest(plan, cfg.block_mib << 20)
     timings.update(manifest_build=t_build, manifest_parse=t_parse)
     per_rank = [r.nbytes for r in rank_plans]

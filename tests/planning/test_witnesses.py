@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,9 @@ def _replicated(world: int, keys: int) -> list[list[ItemMeta]]:
 @pytest.mark.parametrize("world", [2, 3, 4])
 def test_every_holder_witnesses_every_chunk_it_does_not_write(world: int) -> None:
     metas = _replicated(world, 10)
-    plan, groups = plan_save(metas, PlanOptions()), replica_groups(metas)
+    plan = plan_save(metas, PlanOptions())
     for rank in range(world):
-        items = witnessed_by(witness_candidates(plan.items, groups, rank), rank, 0, None)
+        items = witnessed_by(witness_candidates(plan, rank), rank, 0, None)
         written = {i.key for i in plan.items[rank]}
         assert {i.key for i in items} == {f"k{i}" for i in range(10)} - written
 
@@ -38,13 +39,13 @@ def test_every_holder_witnesses_every_chunk_it_does_not_write(world: int) -> Non
 @pytest.mark.parametrize("world", [3, 4])
 def test_rotating_witnesses_cover_every_pair_and_hash_the_state_once(world: int) -> None:
     metas = _replicated(world, 12)
-    plan, groups = plan_save(metas, PlanOptions()), replica_groups(metas)
+    plan = plan_save(metas, PlanOptions())
     writer = {i.key: r for r, items in enumerate(plan.items) for i in items}
     pairs = set()
     for turn in range(world - 1):
         hashed = 0
         for rank in range(world):
-            cands = witness_candidates(plan.items, groups, rank)
+            cands = witness_candidates(plan, rank)
             for item in witnessed_by(cands, rank, turn, 1):
                 pairs.add((item.key, rank))
                 hashed += 1
@@ -97,3 +98,55 @@ def test_async_witnesses_hash_the_values_of_the_call(tmp_path: Path) -> None:
     target = {"w": torch.zeros(4096)}
     ss.load(target, tmp_path / "c")
     assert torch.equal(target["w"], torch.arange(4096.0))
+
+
+def _random_layout(rng: random.Random, world: int) -> list[list[ItemMeta]]:
+    """Replicated, sharded (split over the ranks, some shards empty), rank-0-only and
+    rank-local keys, as a save of a DP x TP job gathers them."""
+    metas: list[list[ItemMeta]] = [[] for _ in range(world)]
+    for k in range(rng.randint(1, 6)):
+        shape = (rng.randint(0, 9), 3)
+        kind = rng.choice(["replicate", "shard", "local", "rank0"])
+        per = -(-shape[0] // world)
+        for r in range(world):
+            if kind == "shard":
+                lo = min(shape[0], r * per)
+                box = Box((lo, 0), (min(shape[0], lo + per) - lo, 3))
+                placement = Placement.SHARD
+            else:
+                box = Box.full(shape)
+                placement = Placement.RANK_LOCAL if kind == "local" else Placement.REPLICATE
+            metas[r].append(
+                ItemMeta(f"k{k}", "float32", shape, 4, placement, (box,), kind == "rank0")
+            )
+    return metas
+
+
+def _inside(inner: Box, outer: Box) -> bool:
+    return all(
+        o <= i and i + s <= o + n
+        for i, s, o, n in zip(inner.offsets, inner.sizes, outer.offsets, outer.sizes)
+    )
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_witnesses_are_the_chunks_others_write_inside_this_ranks_replicas(seed: int) -> None:
+    # the definition, checked by brute force over every written chunk and every replica group
+    rng = random.Random(seed)
+    world = rng.randint(1, 5)
+    metas = _random_layout(rng, world)
+    plan = plan_save(metas, PlanOptions(chunk_bytes=rng.choice([12, 24, 1000])))
+    groups = replica_groups(metas)
+    for rank in range(world):
+        expected = set()
+        for writer_items in plan.items:
+            for item in writer_items:
+                if item.rank == rank:
+                    continue
+                for g in groups:
+                    inside = any(k == item.key and _inside(item.box, b) for k, b in g.boxes)
+                    if rank in g.ranks and item.rank in g.ranks and inside:
+                        others = tuple(r for r in g.ranks if r != item.rank)
+                        expected.add((item, others))
+        got = {(w.item, w.others) for w in witness_candidates(plan, rank)}
+        assert got == expected

@@ -23,14 +23,10 @@ from snapstate.planning.cache import (
     decide,
     metas_digest,
 )
+from snapstate.planning.holdings import gather_holdings
 from snapstate.planning.items import ItemMeta
-from snapstate.planning.layout import PlanOptions, SavePlan, plan_save
-from snapstate.planning.replicas import (
-    ReplicaGroup,
-    WitnessItem,
-    replica_groups,
-    witness_candidates,
-)
+from snapstate.planning.layout import PlanOptions, SavePlan, plan_from
+from snapstate.planning.replicas import ReplicaGroup, WitnessItem, groups_from, witness_candidates
 from snapstate.state.flatten import FlatState
 
 _caches: weakref.WeakKeyDictionary[Any, PlanCache] = weakref.WeakKeyDictionary()
@@ -115,14 +111,14 @@ def _new_entry(
     rank: int, offers: list[Offer], all_metas: list[list[ItemMeta]], options: PlanOptions
 ) -> CacheEntry:
     """Plan from every rank's metadata, with what this rank derives from the same plan."""
-    plan = plan_save(all_metas, options)
-    groups = replica_groups(all_metas)
+    holdings = gather_holdings(all_metas)  # one pass over every rank's metadata, for both
+    plan = plan_from(holdings, options)
     return CacheEntry(
         combined_token(offers),
         offers[rank].digest,
         plan,
-        groups,
-        witness_candidates(plan.items, groups, rank),
+        groups_from(holdings),
+        witness_candidates(plan, rank),
     )
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from snapstate.planning.items import Box, ItemMeta, Placement, WriteItem
+from snapstate.planning.holdings import Holdings, gather_holdings
+from snapstate.planning.items import Box, ItemMeta, WriteItem
+from snapstate.planning.layout import SavePlan, write_item
 
 
 @dataclass(frozen=True)
@@ -21,22 +23,16 @@ class ReplicaGroup:
 
 def replica_groups(all_metas: list[list[ItemMeta]]) -> list[ReplicaGroup]:
     """Every (key, box) held by two ranks or more, grouped by holders; same on every rank."""
-    # Plain tuple keys (hashed in C), as in planning/dedup.py: this runs over every rank's items.
-    holders: dict[tuple[str, tuple[int, ...], tuple[int, ...]], tuple[Box, list[int]]] = {}
-    for rank, metas in enumerate(all_metas):
-        for meta in metas:
-            if meta.placement is Placement.RANK_LOCAL or meta.from_rank0:
-                continue
-            for box in meta.boxes:
-                entry = holders.get((meta.key, box.offsets, box.sizes))
-                if entry is not None:
-                    entry[1].append(rank)
-                elif box.numel:
-                    holders[(meta.key, box.offsets, box.sizes)] = (box, [rank])
+    return groups_from(gather_holdings(all_metas))
+
+
+def groups_from(holdings: Holdings) -> list[ReplicaGroup]:
+    """``replica_groups`` of already indexed metadata. Rank 0's copy of a ``from_rank0`` key
+    is written unchecked (module buffers): such boxes are in no group."""
     groups: dict[tuple[int, ...], list[tuple[str, Box]]] = {}
-    for (key, _, _), (box, ranks) in holders.items():
-        if len(ranks) > 1:
-            groups.setdefault(tuple(ranks), []).append((key, box))
+    for h in holdings.shared:
+        if len(h.ranks) > 1 and not h.meta.from_rank0 and h.box.numel:
+            groups.setdefault(tuple(h.ranks), []).append((h.meta.key, h.box))
     return [
         ReplicaGroup(r, tuple(sorted(b, key=lambda kb: (kb[0], kb[1].offsets))))
         for r, b in sorted(groups.items())
@@ -82,24 +78,19 @@ class WitnessItem:
     others: tuple[int, ...]  # every holder but the writer, in order
 
 
-def witness_candidates(
-    items: tuple[tuple[WriteItem, ...], ...], groups: list[ReplicaGroup], rank: int
-) -> list[WitnessItem]:
-    """The chunks written by other ranks inside boxes this rank holds as a replica."""
-    mine: dict[str, list[tuple[Box, tuple[int, ...]]]] = {}
-    for g in groups:
-        if rank in g.ranks:
-            for key, box in g.boxes:
-                mine.setdefault(key, []).append((box, g.ranks))
+def witness_candidates(plan: SavePlan, rank: int) -> list[WitnessItem]:
+    """The chunks written by other ranks inside boxes this rank holds as a replica.
+
+    Those are the chunks several ranks could have written (the plan's flexible ones), save
+    rank 0's unchecked copies and empty tensors; each is witnessed by its holders other than its writer.
+    """
     out = []
-    for writer_items in items:
-        for item in writer_items:
-            if item.rank == rank or item.placement is Placement.RANK_LOCAL:
-                continue
-            for box, ranks in mine.get(item.key, ()):
-                if _inside(item.box, box) and item.rank in ranks:
-                    out.append(WitnessItem(item, tuple(r for r in ranks if r != item.rank)))
-                    break
+    for flexible, writer in plan.assignment.flexible:
+        ranks = flexible.ranks
+        meta, _, nbytes = flexible.chunk
+        if writer != rank and rank in ranks and nbytes and not meta.from_rank0:
+            others = tuple(r for r in ranks if r != writer)
+            out.append(WitnessItem(write_item(flexible.chunk, writer), others))
     return out
 
 
@@ -126,10 +117,3 @@ def witnessed_by(
 def hash_index(item: WriteItem) -> int:
     """A position of the chunk that every rank computes alike (spreads the turns)."""
     return sum(item.box.offsets) + len(item.key)
-
-
-def _inside(inner: Box, outer: Box) -> bool:
-    return all(
-        o <= i and i + s <= o + n
-        for i, s, o, n in zip(inner.offsets, inner.sizes, outer.offsets, outer.sizes)
-    )
