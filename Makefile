@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/pip install -c constraints.txt
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-all lint typecheck bench bench-small clean venv venv-tf venv-chainer test-frameworks \
+.PHONY: demo test test-all lint typecheck bench bench-small clean venv venv-tf venv-chainer venv-peers test-frameworks \
 	venv-integrations test-integrations
 
 venv: $(STAMP)
@@ -72,9 +72,24 @@ $(CH_STAMP): pyproject.toml constraints.txt
 	$(CH_VENV)/bin/python -m pip install -q 'setuptools<70'
 	touch $(CH_STAMP)
 
-test-frameworks: $(TF_STAMP) $(CH_STAMP)
+# torchsnapshot and DLRover, the peers the harness measures, beside PyTorch 2.13 (DLRover
+# brings pynvml, which makes every `import torch` warn: kept out of the core venv).
+PE_VENV := .venv-peers
+PE_STAMP := $(PE_VENV)/.installed
+
+venv-peers: $(PE_STAMP)
+
+$(PE_STAMP): pyproject.toml constraints.txt
+	test -x $(PE_VENV)/bin/python || $(PY) -m venv $(PE_VENV)
+	$(PE_VENV)/bin/python -m pip install -q --upgrade pip
+	$(PE_VENV)/bin/python -m pip install -q -c constraints.txt torch==2.13.0
+	$(PE_VENV)/bin/python -m pip install -q -c constraints.txt -e '.[bench,peers]' pytest pytest-timeout
+	touch $(PE_STAMP)
+
+test-frameworks: $(TF_STAMP) $(CH_STAMP) $(PE_STAMP)
 	$(TF_VENV)/bin/python $(FW_TEST) tests/frameworks
 	$(CH_VENV)/bin/python $(FW_TEST) tests/frameworks
+	$(PE_VENV)/bin/python $(FW_TEST) tests/frameworks
 
 # The trainers snapstate plugs into (transformers, lightning, accelerate, timm), pinned in
 # constraints.txt, in their own venv so the core test run stays light.
@@ -102,4 +117,4 @@ test-integrations: $(INT_STAMP)
 	$(INT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations
 
 clean:
-	rm -rf $(VENV) $(TF_VENV) $(CH_VENV) $(INT_VENV) build dist src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(TF_VENV) $(CH_VENV) $(PE_VENV) $(INT_VENV) build dist src/*.egg-info .pytest_cache

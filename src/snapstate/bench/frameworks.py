@@ -36,6 +36,14 @@ FRAMEWORKS: dict[str, Framework] = {
         "SNAPSTATE_TF_PYTHON",
         "processes",
     ),
+    # torchsnapshot and DLRover on the same PyTorch trainer, in .venv-peers (make venv-peers)
+    "peers": Framework(
+        "peers",
+        "snapstate.bench.train:Trainer",
+        ".venv-peers",
+        "SNAPSTATE_PEERS_PYTHON",
+        "processes",
+    ),
     "chainer": Framework(
         "chainer",
         "snapstate.bench.chainer_train:ChainerTrainer",

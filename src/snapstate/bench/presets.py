@@ -20,6 +20,8 @@ CHAINER_METHODS = (
     "snapstate-chainer-async",
 )
 FRAMEWORK_METHODS = ALL_METHODS + TF_METHODS + CHAINER_METHODS
+# The fastest peers (pip install -e '.[peers]'): measured beside DCP, torch.save and snapstate
+PEER_METHODS = ("torchsnapshot", "torchsnapshot-async", "dlrover-flash")
 
 
 @dataclass(frozen=True)
@@ -107,10 +109,27 @@ PRESETS: dict[str, BenchConfig] = {
         ),
         timeout_s=1200.0,
     ),
+    "peers": BenchConfig(
+        preset="peers",
+        # snapstate beside the fastest peers on a GPT-shaped state (tens of MB on 2 cores)
+        models=("gpt:p=10M",),
+        ranks=(1, 2),
+        methods=("torch-rank0", "dcp", "dcp-async", "snapstate", "snapstate-async") + PEER_METHODS,
+        steps=14,
+        every=4,
+        repeats=2,
+        batch=8,
+        samples=512,
+        determinism=DeterminismPlan(
+            ("torchsnapshot", "dlrover-flash", "snapstate"), "gpt:p=10M", ranks=2, steps=8, every=4
+        ),
+        timeout_s=1200.0,
+    ),
     "study": BenchConfig(
         preset="study",
         models=("vgg16", "resnet18", "resnet50", "gpt:p=10M", "gpt:p=100M", "gpt:p=1B"),
         ranks=(1, 2, 4, 8),
+        methods=ALL_METHODS + PEER_METHODS,
         steps=40,
         every=10,
         repeats=5,

@@ -396,13 +396,16 @@ def methods_section(doc: dict[str, Any]) -> str:
                 info["format"],
                 ", ".join(info["saves"]),
                 "yes" if info["asynchronous"] else "no",
+                "yes" if info.get("fsynced", True) else "no",
                 info["writers"],
             ]
         )
     return _section(
         "Methods",
-        "",
-        table(["method", "format", "saves", "async", "who writes"], rows)
+        "fsynced: whether a save is reported done only once its bytes are on stable storage "
+        "(torchsnapshot never fsyncs; DLRover's saver does not either): a save time without "
+        "fsync is not comparable with one that includes it.",
+        table(["method", "format", "saves", "async", "fsynced", "who writes"], rows)
         + "\n"
         + skipped_text(doc),
     )

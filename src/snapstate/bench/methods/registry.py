@@ -51,6 +51,7 @@ class MethodInfo:
     asynchronous: bool
     writers: str
     resume_note: str
+    fsynced: bool = True  # done only once the bytes are on stable storage
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
