@@ -30,15 +30,29 @@ def read_plain(
 
     ``rank=None`` or a rank the checkpoint has no state of leaves per-rank values out; a key
     asked for that lies in per-rank state is then an IncompatibleStateError, as is a key the
-    checkpoint lacks.
+    checkpoint lacks, or an Enum whose class is not imported.
     """
+    value, left_out = read_available(storage, manifest, keys, rank, threads)
+    if left_out:
+        raise IncompatibleStateError(storage.root, left_out)
+    return value
+
+
+def read_available(
+    storage: Storage,
+    manifest: Manifest,
+    keys: Sequence[str] | None,
+    rank: int | None,
+    threads: int = DEFAULT_READ_THREADS,
+) -> tuple[Any, list[StateMismatch]]:
+    """As :func:`read_plain`, but values that cannot be read here (an Enum of a class not
+    imported) are left out and listed instead; per-rank values without a rank too, when
+    ``keys`` is None. What a consolidating export needs."""
     wanted = tuple(k.strip("/") for k in keys) if keys is not None else None
     valid = rank if rank is not None and rank in manifest.rank_local else None
     trees = manifest.rank_local[valid].trees if valid is not None else None
     find = records_for(manifest, valid)
     value, plan = plan_materialize(manifest.tree, stored_lookup(find), trees, wanted)
-    if plan.mismatches:  # an Enum whose class is not imported here
-        raise IncompatibleStateError(storage.root, plan.mismatches)
     plan.apply_structure()  # fresh containers: nothing of the caller's to keep if a read fails
     problems = _unread(value, wanted or (), plan.skipped, manifest, rank)
     if problems:
@@ -46,7 +60,8 @@ def read_plain(
     run_reads(storage, plan_tasks(plan.reads, find), threads)
     for finalize in plan.finalizers:  # numpy scalars and tuples take their slots once read
         finalize()
-    return value
+    skipped = [StateMismatch(p, "per-rank state, of no rank here") for p in plan.skipped]
+    return value, plan.mismatches + (skipped if keys is None and rank is None else [])
 
 
 def _unread(
