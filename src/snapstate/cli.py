@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from typing import Any, NoReturn
 
 import click
@@ -26,7 +27,36 @@ def human(n: float) -> str:
     return str(n)
 
 
-@click.group()
+class OneLineErrors(click.Group):
+    """A group whose every error, a usage error included, is one line on stderr and exit 1
+    (2 for usage), never a traceback."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            click.echo(f"error: {_one_line_text(exc.format_message())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        except Exception as exc:  # noqa: BLE001 - the promise: one line, no traceback
+            _fail(exc)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=OneLineErrors)
 @click.version_option(package_name="snapstate")
 def main() -> None:
     """Checkpoints for PyTorch training: asynchronous, parallel, reshardable, verified."""
@@ -133,10 +163,17 @@ def ls(root: str) -> None:
     """Steps under a manager root: committed or not, and their sizes."""
     rows = _or_exit(lambda: step_rows(root))
     if not rows:
-        hint = " (it is one checkpoint: see snapstate inspect)" if _is_checkpoint(root) else ""
-        message = f"{root} holds no checkpoint steps (step-NNNNNNNNN directories){hint}"
-        _fail(CheckpointNotFoundError(message))
+        _fail(CheckpointNotFoundError(_no_steps(root)))
     _print_steps(root, rows, as_json=False)
+
+
+def _no_steps(root: str) -> str:
+    from snapstate.storage.base import storage_for
+
+    if not storage_for(root).exists(""):
+        return f"{root}: no such directory"
+    hint = " (it is one checkpoint: see snapstate inspect)" if _is_checkpoint(root) else ""
+    return f"{root} is not a checkpoint manager root: no step-NNNNNNNNN directories{hint}"
 
 
 def _is_checkpoint(path: str) -> bool:
@@ -189,27 +226,41 @@ def _print_steps(root: str, rows: list[tuple[int, str, Manifest | None]], as_jso
 @click.argument("path")
 @click.option("--to", "to", type=click.Choice(["torch", "safetensors", "hf"]), required=True)
 @click.argument("out")
-@click.option("--key", default="model", show_default=True, help="--to hf: the model's key.")
+@click.option("--key", default=None, help="--to hf: the model's key  [default: model]")
 @click.option("--config", default=None, help="--to hf: a config.json copied beside the weights.")
 @click.option(
-    "--max-shard-size", default=5 * 10**9, show_default=True, help="--to hf: bytes per shard."
+    "--max-shard-size",
+    default=None,
+    help="--to hf: bytes per shard, as 5GB or 500MiB  [default: 5GB]",
 )
-def export(path: str, to: str, out: str, key: str, config: str | None, max_shard_size: int) -> None:
-    """Consolidate a (sharded) checkpoint into one torch or safetensors file, or write its
-    model (--key) as a Hugging Face directory (--to hf OUT_DIR) that from_pretrained loads."""
-    from snapstate.export import export_checkpoint, export_hf
+def export(
+    path: str, to: str, out: str, key: str | None, config: str | None, max_shard_size: str | None
+) -> None:
+    """Consolidate a (sharded) checkpoint into the new file OUT (--to torch or safetensors), or
+    write its model (--key) to the new directory OUT that from_pretrained loads (--to hf)."""
+    from snapstate.export import export_checkpoint
+    from snapstate.hfexport import DEFAULT_MAX_SHARD_SIZE, export_hf
 
     def note(line: str) -> None:
         click.echo(f"note: {line}", err=True)
 
     if to == "hf":
+        size = max_shard_size or DEFAULT_MAX_SHARD_SIZE
         files = _or_exit(
             lambda: export_hf(
-                path, out, key=key, config=config, max_shard_size=max_shard_size, say=note
+                path, out, key=key or "model", config=config, max_shard_size=size, say=note
             )
         )
         click.echo(f"wrote {', '.join(files)} to {out}")
         return
+    given = [
+        f"--{n}"
+        for n, v in (("key", key), ("config", config), ("max-shard-size", max_shard_size))
+        if v
+    ]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} {verb} only to --to hf")
     n = _or_exit(lambda: export_checkpoint(path, to, out, say=note))  # type: ignore[arg-type]
     click.echo(f"wrote {n} tensors to {out}")
 
@@ -229,7 +280,11 @@ def _fail(exc: BaseException) -> NoReturn:
 
 def _one_line(exc: BaseException) -> str:
     """A multi-line message (an IncompatibleStateError's list) joined into one line."""
-    parts = [part.strip() for part in str(exc).splitlines() if part.strip()]
+    return _one_line_text(str(exc) or type(exc).__name__)
+
+
+def _one_line_text(text: str) -> str:
+    parts = [part.strip() for part in text.splitlines() if part.strip()]
     last = len(parts) - 1
     return " ".join(p if p.endswith(":") or i == last else p + ";" for i, p in enumerate(parts))
 

@@ -1,27 +1,32 @@
-"""Export: a (possibly sharded) checkpoint consolidated to one torch or safetensors file, or
-one key of it (the model) to the Hugging Face layout that ``from_pretrained`` reads."""
+"""Export: a (possibly sharded) checkpoint consolidated to one torch or safetensors file."""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from snapstate.engine.readstate import read_available, read_plain
+from snapstate.engine.readstate import read_available
 from snapstate.engine.verify import read_manifest
 from snapstate.errors import CheckpointError, CheckpointExistsError
 from snapstate.state.flatten import join_key
 from snapstate.storage.base import storage_for
 
-HF_WEIGHTS = "model.safetensors"
-HF_INDEX = "model.safetensors.index.json"
-Say = Callable[[str], None]  # where an export's notes go (the CLI prints them)
+Say = Callable[[str], None]  # where an export's notes go (the CLI prints them on stderr)
+log = logging.getLogger("snapstate.export")
+
+# What torch.load(weights_only=True) accepts besides tensors, containers and JSON scalars.
+_PLAIN = (bool, int, float, str, type(None))
+_TORCH_TYPED = (torch.dtype, torch.device, torch.Size)
+_LEFT_OUT: Any = object()  # internal: a leaf the file cannot hold, never written
 
 
 class ExportError(CheckpointError, ValueError):
@@ -32,184 +37,65 @@ def export_checkpoint(
     path: str | os.PathLike[str],
     to: Literal["torch", "safetensors"],
     out: str | os.PathLike[str],
-    say: Say = lambda _: None,
+    say: Say = log.info,
 ) -> int:
     """Write the consolidated state to the file ``out``; returns the number of tensors written.
 
     Per-rank state (loaders, RNG) belongs to no single file and is left out, as are values the
-    format cannot hold; ``say`` gets one line naming what was left out. ``--to torch`` writes
-    tensors and plain values, loadable with ``torch.load(weights_only=True)``; ``--to
-    safetensors`` writes the tensors, the plain values as JSON in the metadata.
+    format cannot hold; ``say`` gets one line naming what was left out. ``torch`` writes
+    tensors, plain values, dtypes, devices, sizes and sets, loadable with
+    ``torch.load(weights_only=True)``; ``safetensors`` writes the tensors (a tied one under
+    each of its names) and the JSON values as JSON in the metadata under ``values``.
     """
     if to not in ("torch", "safetensors"):
         raise ValueError(f"unknown export format {to!r}; use 'torch', 'safetensors' or 'hf'")
-    _refuse_existing(Path(out))
     storage = storage_for(path)
-    state, unread = read_available(storage, read_manifest(storage), None, None)
-    kept, dropped = _split(state, "")
-    kept = {} if kept is _LEFT_OUT else kept
-    dropped = [m.key for m in unread] + dropped
-    if dropped:
-        say(f"left out (per-rank state or not {to}-storable): {', '.join(dropped)}")
-    if to == "torch":
-        torch.save(kept, out)
-        return sum(1 for _, leaf in _flat_items(kept, "") if isinstance(leaf, torch.Tensor))
+    with new_file(Path(out)) as tmp:  # read first: a failed read leaves nothing at ``out``
+        state, unread = read_available(storage, read_manifest(storage), None, None)
+        kept, dropped = _split(state, "", torch_typed=to == "torch")
+        kept = {} if kept is _LEFT_OUT else kept
+        dropped = [m.key for m in unread] + dropped
+        if dropped:
+            say(f"left out (per-rank state, or not storable in {to}): {', '.join(dropped)}")
+        if to == "torch":
+            torch.save(kept, tmp)
+            return sum(1 for _, leaf in flat_items(kept, "") if isinstance(leaf, torch.Tensor))
+        return _save_safetensors(kept, tmp)
+
+
+def _save_safetensors(kept: Any, out: Path) -> int:
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {}
     values: dict[str, Any] = {}
-    for key, leaf in _flat_items(kept, ""):
-        if isinstance(leaf, torch.Tensor):
-            tensors[key] = leaf.contiguous()
-        else:
+    seen: set[int] = set()
+    for key, leaf in flat_items(kept, ""):
+        if not isinstance(leaf, torch.Tensor):
             values[key] = leaf
-    _save_unshared(
-        save_file, tensors, Path(out), {"format": "snapstate-export", "values": json.dumps(values)}
-    )
+            continue
+        # safetensors refuses tensors that share memory: a tied weight is written per name
+        tensors[key] = leaf.clone() if id(leaf) in seen else leaf.contiguous()
+        seen.add(id(leaf))
+    meta = {"format": "snapstate-export", "values": json.dumps(values)}
+    save_file(tensors, os.fspath(out), metadata=meta)
     return len(tensors)
 
 
-def export_hf(
-    path: str | os.PathLike[str],
-    out_dir: str | os.PathLike[str],
-    *,
-    key: str = "model",
-    config: str | os.PathLike[str] | None = None,
-    max_shard_size: int = 5 * 10**9,
-    say: Say = lambda _: None,
-) -> list[str]:
-    """Write the state dict under ``key`` to ``out_dir`` as ``from_pretrained`` reads it.
-
-    ``model.safetensors`` with the names of the module's ``state_dict`` (no ``key/`` prefix),
-    or shards ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json`` when
-    larger than ``max_shard_size`` bytes; a tied weight (stored once, as an alias) is written
-    once under its first name, as transformers' ``save_pretrained`` does, and ``from_pretrained``
-    ties it again. ``config`` (a config.json) is copied beside it. Returns the files written.
-    """
-    if max_shard_size <= 0:
-        raise ValueError(f"max_shard_size must be positive, got {max_shard_size}")
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise CheckpointExistsError(f"{out} exists and is not a directory")
-    if out.is_dir() and any((out / n).exists() for n in (HF_WEIGHTS, HF_INDEX)):
-        raise CheckpointExistsError(
-            f"{out} already holds an export ({HF_WEIGHTS}); pick another directory"
-        )
-    if config is not None and not Path(config).is_file():
-        raise ExportError(f"config {config} is not a file")
-    storage = storage_for(path)
-    value = read_plain(storage, read_manifest(storage), [key], None)[key]
-    tensors = _model_tensors(value, key, say)
-    out.mkdir(parents=True, exist_ok=True)
-    written = _write_hf_shards(tensors, out, max_shard_size)
-    if config is not None:
-        shutil.copyfile(config, out / "config.json")
-        written.append("config.json")
-    return written
-
-
-def _model_tensors(value: Any, key: str, say: Say) -> dict[str, torch.Tensor]:
-    """The state dict's tensors by name, each tied one once (under its first name)."""
-    if not isinstance(value, dict):
-        raise ExportError(f"{key!r} holds a {type(value).__name__}, not a model's state dict")
-    tensors: dict[str, torch.Tensor] = {}
-    seen: dict[int, str] = {}
-    left_out, tied = [], []
-    for name, leaf in _flat_items(value, "", sep="."):
-        if isinstance(leaf, np.ndarray):
-            leaf = torch.from_numpy(np.ascontiguousarray(leaf))
-        if not isinstance(leaf, torch.Tensor):
-            left_out.append(name)
-        elif id(leaf) in seen:  # an alias: read back as the same tensor
-            tied.append(f"{name} (= {seen[id(leaf)]})")
-        else:
-            seen[id(leaf)] = name
-            tensors[name] = leaf.contiguous()
-    if not tensors:
-        raise ExportError(f"{key!r} holds no tensors to export")
-    if tied:
-        say(f"tied weights written once: {', '.join(tied)}")
-    if left_out:
-        say(f"left out (not tensors): {', '.join(left_out)}")
-    return tensors
-
-
-def _write_hf_shards(tensors: dict[str, torch.Tensor], out: Path, limit: int) -> list[str]:
-    from safetensors.torch import save_file
-
-    shards = _shard(tensors, limit)
-    meta = {"format": "pt"}  # what transformers writes and checks
-    if len(shards) == 1:
-        save_file(tensors, out / HF_WEIGHTS, metadata=meta)
-        return [HF_WEIGHTS]
-    names = [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    weight_map = {}
-    for name, shard in zip(names, shards):
-        save_file({k: tensors[k] for k in shard}, out / name, metadata=meta)
-        weight_map.update(dict.fromkeys(shard, name))
-    index = {
-        "metadata": {
-            "total_size": sum(t.numel() * t.element_size() for t in tensors.values()),
-            "total_parameters": sum(t.numel() for t in tensors.values()),
-        },
-        "weight_map": weight_map,
-    }
-    (out / HF_INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
-    return [*names, HF_INDEX]
-
-
-def _shard(tensors: dict[str, torch.Tensor], limit: int) -> list[list[str]]:
-    """Names in order, cut into shards of at most ``limit`` bytes (a larger tensor alone)."""
-    shards: list[list[str]] = [[]]
-    size = 0
-    for name, t in tensors.items():
-        nbytes = t.numel() * t.element_size()
-        if shards[-1] and size + nbytes > limit:
-            shards.append([])
-            size = 0
-        shards[-1].append(name)
-        size += nbytes
-    return shards
-
-
-def _refuse_existing(out: Path) -> None:
-    if out.is_dir():
-        raise CheckpointExistsError(
-            f"{out} is a directory; export writes one file (or use --to hf)"
-        )
-    if out.exists():
-        raise CheckpointExistsError(f"{out} exists; remove it or pick another path")
-
-
-def _save_unshared(
-    save: Any, tensors: dict[str, torch.Tensor], out: Path, meta: dict[str, str]
-) -> None:
-    """safetensors refuses tensors that share memory: a tied weight is written twice there."""
-    seen: set[int] = set()
-    for key, t in tensors.items():
-        if id(t) in seen:
-            tensors[key] = t.clone()
-        seen.add(id(t))
-    save(tensors, os.fspath(out), metadata=meta)
-
-
-_PLAIN = (bool, int, float, str, type(None))
-_LEFT_OUT: Any = object()  # internal: a leaf the file cannot hold, never written
-
-
-def _split(value: Any, prefix: str) -> tuple[Any, list[str]]:
-    """(what a weights-only file holds: tensors, plain values and containers of them; the
-    keys of the rest, typed values, left out: gone from dicts, None in lists)."""
+def _split(value: Any, prefix: str, torch_typed: bool) -> tuple[Any, list[str]]:
+    """(what the file holds: tensors, plain values and containers of them, numpy as torch;
+    the keys of the rest, left out: gone from dicts, None in lists)."""
     if isinstance(value, (np.ndarray, np.generic)):
         return torch.from_numpy(np.ascontiguousarray(value)), []
     if isinstance(value, torch.Tensor) or type(value) in _PLAIN:
         return value, []
+    if torch_typed and (isinstance(value, _TORCH_TYPED) or _plain_set(value)):
+        return value, []
     if type(value) not in (dict, list, tuple):
-        return _LEFT_OUT, [prefix or "<root>"]
+        return _LEFT_OUT, [f"{prefix or '<root>'} ({type(value).__name__})"]
     dropped: list[str] = []
 
     def keep(k: Any, v: Any) -> Any:
-        sub, lost = _split(v, join_key(prefix, k))
+        sub, lost = _split(v, join_key(prefix, k), torch_typed)
         dropped.extend(lost)
         return sub
 
@@ -220,12 +106,62 @@ def _split(value: Any, prefix: str) -> tuple[Any, list[str]]:
     return type(value)(None if s is _LEFT_OUT else s for s in seq), dropped
 
 
-def _flat_items(value: Any, prefix: str, sep: str = "/") -> list[tuple[str, Any]]:
+def _plain_set(value: Any) -> bool:
+    return type(value) is set and all(type(v) in _PLAIN for v in value)
+
+
+def flat_items(value: Any, prefix: str, sep: str = "/") -> list[tuple[str, Any]]:
+    """Leaves of nested dicts and sequences by joined key (``/`` escapes as in the manifest)."""
+
     def join(k: Any) -> str:
-        return join_key(prefix, k) if sep == "/" else f"{prefix}.{k}" if prefix else str(k)
+        return join_key(prefix, k) if sep == "/" else f"{prefix}{sep}{k}" if prefix else str(k)
 
     if isinstance(value, dict):
-        return [item for k, v in value.items() for item in _flat_items(v, join(k), sep)]
+        return [item for k, v in value.items() for item in flat_items(v, join(k), sep)]
     if isinstance(value, (list, tuple)):
-        return [item for i, v in enumerate(value) for item in _flat_items(v, join(i), sep)]
+        return [item for i, v in enumerate(value) for item in flat_items(v, join(i), sep)]
     return [(prefix, value)]
+
+
+def refuse_existing(out: Path, empty_dir_ok: bool = False) -> None:
+    """An export never replaces what is at ``out``: say so in one line instead."""
+    if out.is_dir() and empty_dir_ok and not any(out.iterdir()):
+        return
+    if out.is_dir():
+        kind = "a directory that is not empty" if empty_dir_ok else "a directory"
+        raise CheckpointExistsError(f"{out} is {kind}; export to a new path")
+    if out.exists() or out.is_symlink():
+        raise CheckpointExistsError(f"{out} exists; remove it or export to a new path")
+
+
+@contextmanager
+def new_file(out: Path) -> Iterator[Path]:
+    """A temporary sibling of ``out`` to write, renamed to ``out`` once complete: a failed
+    export leaves nothing behind."""
+    refuse_existing(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    try:
+        yield tmp
+        refuse_existing(out)  # nobody wrote it meanwhile
+        os.replace(tmp, out)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def new_dir(out: Path) -> Iterator[Path]:
+    """As :func:`new_file` for a directory; an empty directory at ``out`` may be filled."""
+    refuse_existing(out, empty_dir_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+        refuse_existing(out, empty_dir_ok=True)
+        if out.is_dir():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

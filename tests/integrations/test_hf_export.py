@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 
 import snapstate as ss
