@@ -76,17 +76,13 @@ def test_gpt2_round_trip_through_from_pretrained(tmp_path: Path) -> None:
     _load_and_compare(model, tmp_path / "hf")
 
 
-def test_a_sharded_export_loads(tmp_path: Path) -> None:
+def test_a_sharded_export_by_the_python_call_loads(tmp_path: Path) -> None:
     model = _tiny_gpt2()
     ss.save({"model": model}, tmp_path / "ckpt")
     model.config.save_pretrained(tmp_path / "cfg")
-    _export(
-        tmp_path / "ckpt",
-        tmp_path / "hf",
-        tmp_path / "cfg" / "config.json",
-        "--max-shard-size",
-        "20000",
-    )
+    config = tmp_path / "cfg" / "config.json"
+    files = ss.export_hf(tmp_path / "ckpt", tmp_path / "hf", config=config, max_shard_size="20KB")
+    assert files[-2:] == ["model.safetensors.index.json", "config.json"]
     index = json.loads((tmp_path / "hf" / "model.safetensors.index.json").read_text())
     shards = sorted(set(index["weight_map"].values()))
     assert len(shards) > 2 and all((tmp_path / "hf" / s).is_file() for s in shards)
