@@ -19,7 +19,7 @@ from snapstate.storage.base import storage_for
 
 HF_WEIGHTS = "model.safetensors"
 HF_INDEX = "model.safetensors.index.json"
-DEFAULT_MAX_SHARD_SIZE = "5GB"  # transformers' save_pretrained default
+DEFAULT_MAX_SHARD_SIZE = "5GB"  # save_pretrained's default in transformers 4 (5.x: 50GB)
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -39,8 +39,10 @@ def export_hf(
     ``model.safetensors`` holds the module's ``state_dict`` names (no ``key/`` prefix); above
     ``max_shard_size`` (bytes, or ``"5GB"``, ``"500MiB"``: transformers' notation) the tensors
     go to ``model-0000i-of-0000n.safetensors`` with ``model.safetensors.index.json``. A tied
-    weight, which the checkpoint stores once as an alias, is written once under its first name,
-    as transformers' ``save_pretrained`` does; ``from_pretrained`` ties it again. ``config`` (a
+    weight, which the checkpoint stores once as an alias, is written once under its first name
+    in the state dict (the input embedding before the output head); transformers'
+    ``save_pretrained`` drops the model's ``_tied_weights_keys`` the same way, and
+    ``from_pretrained`` ties them again. ``config`` (a
     config.json) is copied beside it. Values that are not tensors are left out and named in a
     note to ``say`` (default: the ``snapstate.export`` logger). ``out_dir`` must not exist or
     be empty; a failed export leaves nothing there.
