@@ -23,6 +23,7 @@ from snapstate.errors import (
     UnsupportedFormatError,
 )
 from snapstate.format.manifest import Manifest
+from snapstate.hfexport import export_hf
 from snapstate.manager import CheckpointManager
 from snapstate.planning.layout import PlanOptions
 from snapstate.state.rng import RNGState
@@ -55,6 +56,7 @@ __all__ = [
     "UnsupportedFormatError",
     "VerifyReport",
     "async_save",
+    "export_hf",
     "inspect",
     "load",
     "read_state",

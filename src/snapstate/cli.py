@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from snapstate import api
-from snapstate.errors import CheckpointError
+from snapstate.errors import CheckpointError, CheckpointNotFoundError
 from snapstate.format.manifest import Manifest
 from snapstate.plansim import plan_sim
 
@@ -26,7 +27,36 @@ def human(n: float) -> str:
     return str(n)
 
 
-@click.group()
+class OneLineErrors(click.Group):
+    """A group whose every error, a usage error included, is one line on stderr and exit 1
+    (2 for usage), never a traceback."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.ClickException as exc:
+            ctx = getattr(exc, "ctx", None)
+            hint = f" (see {ctx.command_path} --help)" if ctx is not None else ""
+            click.echo(f"error: {_one_line_text(exc.format_message())}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("error: aborted", err=True)
+            sys.exit(1)
+        except Exception as exc:  # noqa: BLE001 - the promise: one line, no traceback
+            _fail(exc)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=OneLineErrors)
 @click.version_option(package_name="snapstate")
 def main() -> None:
     """Checkpoints for PyTorch training: asynchronous, parallel, reshardable, verified."""
@@ -36,26 +66,42 @@ def main() -> None:
 @click.argument("path")
 @click.option("--json", "as_json", is_flag=True, help="Print the manifest summary as JSON.")
 def inspect(path: str, as_json: bool) -> None:
-    """Keys, dtypes, shapes, bytes, files and save timings of a checkpoint."""
-    manifest = _or_exit(lambda: api.inspect(path))
+    """Keys, dtypes, shapes, bytes, files and save timings of a checkpoint (or the steps of a
+    manager's root)."""
+    try:
+        manifest = api.inspect(path)
+    except CheckpointNotFoundError:
+        rows = _or_exit(lambda: step_rows(path))
+        if not rows:
+            _or_exit(lambda: api.inspect(path))  # the original error, one line
+        _print_steps(path, rows, as_json)
+        return
+    except Exception as exc:  # noqa: BLE001 - every error is one line
+        _fail(exc)
     if as_json:
         click.echo(json.dumps(summary(manifest), indent=2))
         return
+    keys = manifest.all_tensors()
     table = Table(title=f"{path}  (step {manifest.step}, {manifest.world_size} rank(s))")
-    for col in ("key", "dtype", "shape", "placement", "chunks", "bytes"):
+    table.add_column("key", no_wrap=True)  # whole, however long: the console widens instead
+    for col in ("dtype", "shape", "placement", "chunks", "bytes"):
         table.add_column(col, justify="right" if col in ("chunks", "bytes") else "left")
-    for key, rec in sorted(manifest.all_tensors().items()):
+    for key, rec in sorted(keys.items()):
         table.add_row(
             key, rec.dtype, str(rec.shape), rec.placement, str(len(rec.chunks)), human(rec.nbytes)
         )
-    console.print(table)
+    longest = max((len(k) for k in keys), default=0)
+    out = (
+        Console(width=max(console.width, longest + 70)) if longest + 70 > console.width else console
+    )
+    out.print(table)
     totals = manifest.totals
-    console.print(
+    out.print(
         f"files: {totals.get('files')}   bytes: {human(totals.get('bytes', 0))}   bytes per rank: {[human(b) for b in totals.get('bytes_per_rank', [])]}"
     )
     per_rank = manifest.timings.get("per_rank", [])
     if per_rank:
-        console.print(
+        out.print(
             "timings per rank (s): "
             + ", ".join(
                 f"r{i}: blocking {t.get('blocking_s', 0):.3f} write {t.get('write_s', 0):.3f}"
@@ -115,50 +161,132 @@ def _verify_with_progress(path: str) -> Any:
 @click.argument("root")
 def ls(root: str) -> None:
     """Steps under a manager root: committed or not, and their sizes."""
+    rows = _or_exit(lambda: step_rows(root))
+    if not rows:
+        _fail(CheckpointNotFoundError(_no_steps(root)))
+    _print_steps(root, rows, as_json=False)
+
+
+def _no_steps(root: str) -> str:
+    from snapstate.storage.base import storage_for
+
+    if not storage_for(root).exists(""):
+        return f"{root}: no such directory"
+    hint = " (it is one checkpoint: see snapstate inspect)" if _is_checkpoint(root) else ""
+    return f"{root} is not a checkpoint manager root: no step-NNNNNNNNN directories{hint}"
+
+
+def _is_checkpoint(path: str) -> bool:
+    try:
+        api.inspect(path)
+    except CheckpointError:
+        return False
+    return True
+
+
+def step_rows(root: str) -> list[tuple[int, str, Manifest | None]]:
+    """Each step directory under ``root``: (step, its state, its manifest if it validates)."""
     from snapstate.manager import STEP_DIR
     from snapstate.storage.base import storage_for
 
     storage = storage_for(root)
-    table = Table(title=root)
-    for col in ("step", "state", "bytes", "files", "ranks"):
-        table.add_column(col)
+    rows: list[tuple[int, str, Manifest | None]] = []
     for name in storage.listdir():
         match = STEP_DIR.match(name)
         if not match:
             continue
         try:
-            m = api.inspect(storage.child(name).root)
-            table.add_row(
-                str(int(match.group(1))),
-                "committed",
-                human(m.totals.get("bytes", 0)),
-                str(m.totals.get("files")),
-                str(m.world_size),
-            )
+            rows.append((int(match.group(1)), "committed", api.inspect(storage.child(name).root)))
         except CheckpointError as exc:
-            state = "uncommitted" if "not committed" in str(exc) else f"invalid: {exc}"[:60]
-            table.add_row(str(int(match.group(1))), state, "-", "-", "-")
+            state = "uncommitted" if "not committed" in str(exc) else f"invalid: {_one_line(exc)}"
+            rows.append((int(match.group(1)), state[:60], None))
+    return sorted(rows, key=lambda row: row[0])
+
+
+def _print_steps(root: str, rows: list[tuple[int, str, Manifest | None]], as_json: bool) -> None:
+    valid = [step for step, _, m in rows if m is not None]
+    newest = max(valid) if valid else None
+    if as_json:
+        steps = [{"step": step, "state": state} for step, state, _ in rows]
+        click.echo(json.dumps({"root": root, "steps": steps, "newest_valid": newest}, indent=2))
+        return
+    table = Table(title=root)
+    for col in ("step", "state", "bytes", "files", "ranks"):
+        table.add_column(col)
+    for step, state, m in rows:
+        sizes = ("-", "-", "-")
+        if m is not None:
+            sizes = (human(m.totals.get("bytes", 0)), str(m.totals.get("files")), str(m.world_size))
+        table.add_row(str(step), state, *sizes)
     console.print(table)
+    console.print(f"newest valid step: {newest}" if newest is not None else "no valid step")
 
 
 @main.command()
 @click.argument("path")
-@click.option("--to", "to", type=click.Choice(["torch", "safetensors"]), required=True)
+@click.option("--to", "to", type=click.Choice(["torch", "safetensors", "hf"]), required=True)
 @click.argument("out")
-def export(path: str, to: str, out: str) -> None:
-    """Consolidate a (sharded) checkpoint into one torch or safetensors file."""
+@click.option("--key", default=None, help="--to hf: the model's key  [default: model]")
+@click.option("--config", default=None, help="--to hf: a config.json copied beside the weights.")
+@click.option(
+    "--max-shard-size",
+    default=None,
+    help="--to hf: bytes per shard, as 5GB or 500MiB  [default: 5GB]",
+)
+def export(
+    path: str, to: str, out: str, key: str | None, config: str | None, max_shard_size: str | None
+) -> None:
+    """Consolidate a (sharded) checkpoint into the new file OUT (--to torch or safetensors), or
+    write its model (--key) to the new directory OUT that from_pretrained loads (--to hf)."""
     from snapstate.export import export_checkpoint
+    from snapstate.hfexport import DEFAULT_MAX_SHARD_SIZE, export_hf
 
-    n = _or_exit(lambda: export_checkpoint(path, to, out))  # type: ignore[arg-type]
+    def note(line: str) -> None:
+        click.echo(f"note: {line}", err=True)
+
+    if to == "hf":
+        size = max_shard_size or DEFAULT_MAX_SHARD_SIZE
+        files = _or_exit(
+            lambda: export_hf(
+                path, out, key=key or "model", config=config, max_shard_size=size, say=note
+            )
+        )
+        click.echo(f"wrote {', '.join(files)} to {out}")
+        return
+    given = [
+        f"--{n}"
+        for n, v in (("key", key), ("config", config), ("max-shard-size", max_shard_size))
+        if v
+    ]
+    if given:
+        verb = "applies" if len(given) == 1 else "apply"
+        raise click.UsageError(f"{', '.join(given)} {verb} only to --to hf")
+    n = _or_exit(lambda: export_checkpoint(path, to, out, say=note))  # type: ignore[arg-type]
     click.echo(f"wrote {n} tensors to {out}")
 
 
 def _or_exit(fn: Any) -> Any:
     try:
         return fn()
-    except CheckpointError as exc:
-        click.echo(f"error: {exc}", err=True)
-        sys.exit(1)
+    except Exception as exc:  # noqa: BLE001 - every error is one line and exit 1, no traceback
+        _fail(exc)
+
+
+def _fail(exc: BaseException) -> NoReturn:
+    known = isinstance(exc, (CheckpointError, OSError, ValueError, TypeError))
+    click.echo(f"error: {'' if known else type(exc).__name__ + ': '}{_one_line(exc)}", err=True)
+    sys.exit(1)
+
+
+def _one_line(exc: BaseException) -> str:
+    """A multi-line message (an IncompatibleStateError's list) joined into one line."""
+    return _one_line_text(str(exc) or type(exc).__name__)
+
+
+def _one_line_text(text: str) -> str:
+    parts = [part.strip() for part in text.splitlines() if part.strip()]
+    last = len(parts) - 1
+    return " ".join(p if p.endswith(":") or i == last else p + ";" for i, p in enumerate(parts))
 
 
 # The packages of the `bench` extra (pyproject.toml): only their absence may disable the harness's

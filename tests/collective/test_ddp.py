@@ -176,6 +176,25 @@ def test_read_state_reads_one_ranks_part(saved_full: dict[str, Any]) -> None:
         ss.read_state(path, ["model/nope"])
 
 
+def test_a_two_rank_training_checkpoint_exports(saved_full: dict[str, Any], tmp_path: Path) -> None:
+    from click.testing import CliRunner
+
+    from snapstate.cli import main
+
+    path = saved_full["args"]["path"]
+    reference = load_file(saved_full["args"]["reference"])
+    done = CliRunner().invoke(main, ["export", path, "--to", "torch", str(tmp_path / "s.pt")])
+    assert done.exit_code == 0, done.output
+    assert "left out (per-rank state" in done.stderr and "loader" in done.stderr
+    state = torch.load(tmp_path / "s.pt", weights_only=True)  # no per-rank placeholders
+    assert sorted(state) == ["model", "optim", "step"]
+    assert all(same_bits(state["model"][k], reference[k]) for k in reference)
+    assert ss.export_hf(path, tmp_path / "hf") == ["model.safetensors"]
+    exported = load_file(tmp_path / "hf" / "model.safetensors")
+    assert sorted(exported) == sorted(reference)  # no "model/" prefix
+    assert all(same_bits(exported[k], reference[k]) for k in reference)
+
+
 def test_no_collective_runs_in_the_background(ranks: RankServer, tmp_path: Path) -> None:
     results = ranks.run(
         "collective.scen_ddp:background_is_collective_free",

@@ -119,6 +119,67 @@ def test_ls_shows_committed_and_uncommitted_steps(tmp_path: Path) -> None:
     assert "uncommitted" in lines["300"]
 
 
+def test_inspect_of_a_manager_root_lists_the_steps_and_the_newest_valid(tmp_path: Path) -> None:
+    with ss.CheckpointManager(tmp_path, async_save=False) as mgr:
+        mgr.save(100, {"x": torch.zeros(4)})
+        mgr.save(200, {"x": torch.zeros(4)})
+    (tmp_path / "step-000000200" / "manifest.json").write_text("{not json")  # damaged
+    (tmp_path / "step-000000300" / "shards").mkdir(parents=True)  # never committed
+    code, out = run("inspect", str(tmp_path))
+    assert code == 0, out
+    assert "newest valid step: 100" in out
+    rows = {line.split()[1]: line for line in out.splitlines() if line[2:5].isdigit()}
+    assert "committed" in rows["100"] and "invalid" in rows["200"] and "uncommitted" in rows["300"]
+    code, out = run("inspect", str(tmp_path), "--json")
+    doc = json.loads(out)
+    assert doc["newest_valid"] == 100 and [s["step"] for s in doc["steps"]] == [100, 200, 300]
+
+
+@pytest.mark.parametrize("what", ["missing", "a file", "an empty directory", "a checkpoint"])
+def test_ls_of_what_is_no_manager_root_fails_in_one_line(tmp_path: Path, what: str) -> None:
+    path = tmp_path / "p"
+    if what == "a file":
+        path.write_text("x")
+    elif what == "an empty directory":
+        path.mkdir()
+    elif what == "a checkpoint":
+        ss.save({"x": torch.zeros(2)}, path)
+    result = CliRunner().invoke(main, ["ls", str(path)])
+    assert result.exit_code == 1 and result.stdout == ""
+    (line,) = result.stderr.splitlines()
+    assert line.startswith("error: ") and str(path) in line
+    assert ("see snapstate inspect" in line) == (what == "a checkpoint")
+
+
+def test_inspect_prints_long_keys_whole(tmp_path: Path) -> None:
+    key = "encoder.layers.11.self_attention.query_key_value_projection." * 3 + "weight"
+    ss.save({"model": {key: torch.zeros(2)}}, tmp_path / "c")
+    code, out = run("inspect", str(tmp_path / "c"))
+    assert code == 0
+    assert any(f"model/{key}" in line for line in out.splitlines()), out
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["inspect"],
+        ["export", "{ckpt}", "--to", "zip", "{tmp}/o"],
+        ["export", "{ckpt}", "--to", "torch", "{tmp}"],
+        ["export", "{tmp}/absent", "--to", "hf", "{tmp}/o"],
+        ["nope"],
+    ],
+    ids=["usage", "bad-choice", "onto-a-directory", "no-checkpoint", "no-command"],
+)
+def test_every_error_of_the_command_is_one_line(tmp_path: Path, args: list[str]) -> None:
+    ss.save({"x": torch.zeros(2)}, tmp_path / "c")
+    argv = [a.format(ckpt=tmp_path / "c", tmp=tmp_path) for a in args]
+    script = Path(sys.executable).with_name("snapstate")
+    done = subprocess.run([str(script), *argv], capture_output=True, text=True, timeout=120)
+    assert done.returncode in (1, 2) and done.stdout == ""
+    (line,) = done.stderr.splitlines()
+    assert line.startswith("error: ") and "Traceback" not in line
+
+
 def test_export_to_torch_loads_with_weights_only(checkpoint, tmp_path: Path) -> None:
     path, state = checkpoint
     out = tmp_path / "model.pt"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 from snapstate.engine.load import (
     DEFAULT_READ_THREADS,
@@ -13,9 +13,9 @@ from snapstate.engine.load import (
     stored_lookup,
 )
 from snapstate.errors import IncompatibleStateError, StateMismatch
-from snapstate.format.manifest import Manifest
+from snapstate.format.manifest import Manifest, TensorRecord
 from snapstate.state.flatten import escape_component
-from snapstate.state.restore import plan_materialize
+from snapstate.state.restore import RestorePlan, plan_materialize
 from snapstate.storage.base import Storage
 
 
@@ -30,23 +30,59 @@ def read_plain(
 
     ``rank=None`` or a rank the checkpoint has no state of leaves per-rank values out; a key
     asked for that lies in per-rank state is then an IncompatibleStateError, as is a key the
-    checkpoint lacks.
+    checkpoint lacks, or an Enum whose class is not imported.
     """
+    planned = _plan(manifest, keys, rank)
+    if planned.plan.mismatches:  # before any byte is read
+        raise IncompatibleStateError(storage.root, planned.plan.mismatches)
+    _read(storage, planned, manifest, rank, threads)
+    return planned.value
+
+
+def read_available(
+    storage: Storage,
+    manifest: Manifest,
+    keys: Sequence[str] | None,
+    rank: int | None,
+    threads: int = DEFAULT_READ_THREADS,
+) -> tuple[Any, list[StateMismatch]]:
+    """As :func:`read_plain`, but values that cannot be read here (an Enum of a class not
+    imported) are left out and listed instead; per-rank values without a rank too, when
+    ``keys`` is None. What a consolidating export needs."""
+    planned = _plan(manifest, keys, rank)
+    _read(storage, planned, manifest, rank, threads)
+    skipped = [StateMismatch(p, "per-rank state, of no rank here") for p in planned.plan.skipped]
+    left_out = skipped if keys is None and rank is None else []
+    return planned.value, planned.plan.mismatches + left_out
+
+
+class _Planned(NamedTuple):
+    value: Any  # the structure, its tensors allocated, not yet read
+    plan: RestorePlan
+    find: Callable[[str, bool], TensorRecord | None]
+    wanted: tuple[str, ...]  # the key paths asked for (none: everything)
+
+
+def _plan(manifest: Manifest, keys: Sequence[str] | None, rank: int | None) -> _Planned:
     wanted = tuple(k.strip("/") for k in keys) if keys is not None else None
     valid = rank if rank is not None and rank in manifest.rank_local else None
     trees = manifest.rank_local[valid].trees if valid is not None else None
     find = records_for(manifest, valid)
     value, plan = plan_materialize(manifest.tree, stored_lookup(find), trees, wanted)
-    if plan.mismatches:  # an Enum whose class is not imported here
-        raise IncompatibleStateError(storage.root, plan.mismatches)
+    return _Planned(value, plan, find, wanted or ())
+
+
+def _read(
+    storage: Storage, planned: _Planned, manifest: Manifest, rank: int | None, threads: int
+) -> None:
+    value, plan, find, wanted = planned
     plan.apply_structure()  # fresh containers: nothing of the caller's to keep if a read fails
-    problems = _unread(value, wanted or (), plan.skipped, manifest, rank)
+    problems = _unread(value, wanted, plan.skipped, manifest, rank)
     if problems:
         raise IncompatibleStateError(storage.root, problems)
     run_reads(storage, plan_tasks(plan.reads, find), threads)
     for finalize in plan.finalizers:  # numpy scalars and tuples take their slots once read
         finalize()
-    return value
 
 
 def _unread(
