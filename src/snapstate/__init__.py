@@ -20,6 +20,7 @@ from snapstate.errors import (
     InconsistentStateError,
     NestingLimitError,
     ReplicaMismatchError,
+    StateRestoreError,
     UnsupportedFormatError,
 )
 from snapstate.format.manifest import Manifest
@@ -52,6 +53,7 @@ __all__ = [
     "SaveHandle",
     "SaveOptions",
     "SaveResult",
+    "StateRestoreError",
     "Stateful",
     "UnsupportedFormatError",
     "VerifyReport",

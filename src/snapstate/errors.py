@@ -15,6 +15,7 @@ Every error snapstate raises on purpose derives from ``CheckpointError``, so one
      ├── CheckpointIOError (also OSError, errno kept)       the OS refused a file (disk full, read-only)
      ├── CheckpointExistsError (also FileExistsError)       refusing to overwrite a committed checkpoint
      ├── CheckpointLockedError                              another manager holds the root
+     ├── StateRestoreError                                  a Stateful's load_state_dict raised; the load was undone
      └── CheckpointWorkerError                              an error raised on another rank, with its traceback
 
 Errors about the state the caller passes (a leaf that cannot be saved) are plain
@@ -107,6 +108,17 @@ class CheckpointExistsError(CheckpointError, FileExistsError):
 
 class CheckpointLockedError(CheckpointError):
     """Another live CheckpointManager holds the lock on the root."""
+
+
+class StateRestoreError(CheckpointError):
+    """A Stateful object's ``load_state_dict`` raised during a load. Everything the load had
+    changed (tensors, container slots, the Stateful objects loaded before it) was put back;
+    ``__cause__`` is the object's own exception and ``key`` its key path. Not damage: the
+    checkpoint is fine, the object refused it (the manager never sets the step aside)."""
+
+    def __init__(self, message: str, *, key: str) -> None:
+        super().__init__(message)
+        self.key = key
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 Taking the lock (reading the holder, judging it stale, writing ourselves) runs under an
 exclusive ``flock`` of the root directory itself (no extra file) on local and parallel file systems, so two managers that
-find the same dead holder cannot both take over. Object stores offer no portable conditional
-create through fsspec, so there the check-then-write stays best effort. A lock that cannot be
+find the same dead holder cannot both take over. A new lock is created with the store's
+conditional create (``CreatesNew``: a hard link on POSIX, ``If-None-Match: *`` on S3), so of
+two managers starting at once exactly one gets it; on a store without one (and when a stale
+lock is taken over on an object store) the check-then-write stays best effort. A lock that cannot be
 judged from here (a pid on another host, or a pid reused by an unrelated process) is never
 taken over: ``break_lock(root)`` removes it once the user knows its holder is gone.
 """
@@ -20,7 +22,7 @@ import weakref
 from collections.abc import Iterator
 
 from snapstate.errors import CheckpointLockedError
-from snapstate.storage.base import Storage, storage_for
+from snapstate.storage.base import CreatesNew, Storage, storage_for
 from snapstate.storage.local import LocalStorage
 
 LOCK_FILE = ".snapstate.lock"
@@ -109,18 +111,18 @@ class RootLock:
         return _alive(pid)
 
     def _create(self, take_over: bool) -> None:
-        if "://" in self.storage.root or take_over:
-            self.storage.write_atomic(LOCK_FILE, json.dumps(self.owner).encode())
-            return
-        path = os.path.join(self.storage.root, LOCK_FILE)
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            raise CheckpointLockedError(
-                f"{self.storage.root} was locked by another manager just now ({LOCK_FILE})"
-            ) from None
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.owner))
+        data = json.dumps(self.owner).encode()
+        if not take_over and isinstance(self.storage, CreatesNew):
+            try:
+                self.storage.create_new(LOCK_FILE, data)  # one of two racing managers wins
+                return
+            except FileExistsError:
+                raise CheckpointLockedError(
+                    f"{self.storage.root} was locked by another manager just now ({LOCK_FILE})"
+                ) from None
+            except NotImplementedError:
+                pass  # a store without a conditional create: best effort, below
+        self.storage.write_atomic(LOCK_FILE, data)
 
     def _read_holder(self) -> dict | None:
         try:

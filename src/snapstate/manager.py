@@ -20,6 +20,7 @@ from snapstate.errors import (
     CheckpointError,
     CheckpointNotFoundError,
     CorruptCheckpointError,
+    StateRestoreError,
     UnsupportedFormatError,
 )
 from snapstate.format.manifest import MANIFEST
@@ -171,18 +172,28 @@ class CheckpointManager:
         """Load on every rank; all ranks agree on success so they pick the same step.
 
         Returns the first failure (None on success) and whether any rank found the step
-        damaged rather than incompatible or of a newer format.
+        damaged rather than incompatible or of a newer format. A Stateful object that refused
+        the state (StateRestoreError: the load was undone) is raised on every rank instead:
+        the step is fine, and an older one would be refused the same way.
         """
+        refused: StateRestoreError | None = None
         try:
             api.load(state, self.path(step), strict=strict, process_group=self.process_group)
-            outcome: tuple[str, bool] = ("", False)
+            outcome: tuple[str, bool, bool] = ("", False, False)
+        except StateRestoreError as exc:
+            refused, outcome = exc, (f"{type(exc).__name__}: {exc}", False, True)
         except (CheckpointError, OSError) as exc:
-            outcome = (f"{type(exc).__name__}: {exc}", _is_damage(exc))
+            outcome = (f"{type(exc).__name__}: {exc}", _is_damage(exc), False)
         gathered = self.coord.all_gather(outcome)
+        if refused is not None:
+            raise refused
+        if any(was_refused for _, _, was_refused in gathered):
+            rank = next(r for r, o in enumerate(gathered) if o[2])
+            raise StateRestoreError(f"on rank {rank}: {gathered[rank][0]}", key="")
         failures = [o for o in gathered if o[0]]
         if not failures:
             return None, False
-        return failures[0][0], any(bool(damaged) for _, damaged in failures)
+        return failures[0][0], any(bool(damaged) for _, damaged, _ in failures)
 
     def _set_aside(self, step: int) -> None:
         """Take a damaged step out of the run, keeping its bytes: ``step-N.corrupt`` on local

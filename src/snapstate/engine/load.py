@@ -119,11 +119,13 @@ def load_into(
     nbytes = sum(t.chunk.end - t.chunk.start for t in tasks)
     mapped = not shared and can_map(storage, nbytes)
     waits: list[Callable[[], None]] | None = None
+    # A user's load_state_dict may raise after the reads: then the tensors go back too
+    keep_copies = not mapped or plan.untrusted_stateful()
     if not shared and not mapped and _cold_whole_chunks(storage, tasks):
         # Too large to map: the copies are made while the disk reads, not all before it.
         rollback, waits = _rollback_ahead(plan.reads, per_read)
     else:
-        rollback = Rollback([] if mapped else plan.reads)
+        rollback = Rollback(plan.reads if keep_copies else [])
     try:
         _transfer(
             storage, tasks, threads, coord if together else None, shared, result, mapped, waits
@@ -131,10 +133,12 @@ def load_into(
     except BaseException:
         rollback.restore()  # a failed load leaves the caller's tensors as they were
         raise
-    rollback.discard()
-    plan.apply_structure()  # after the reads: a corrupt checkpoint leaves the containers as they were
-    for finalize in plan.finalizers:
-        finalize()
+    try:
+        # after the reads: a corrupt checkpoint leaves the containers as they were; a
+        # load_state_dict that raises leaves everything as it was (StateRestoreError)
+        plan.finish(rollback.restore, reads_undone=keep_copies)
+    finally:
+        rollback.discard()
     result.seconds = time.perf_counter() - started
     return result
 

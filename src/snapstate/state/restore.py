@@ -8,6 +8,7 @@ Reading the bytes is the engine's job.
 from __future__ import annotations
 
 import argparse
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,13 +16,18 @@ from typing import Any
 import numpy as np
 import torch
 
-from snapstate.errors import CorruptCheckpointError, NestingLimitError, StateMismatch
+from snapstate.errors import (
+    CorruptCheckpointError,
+    NestingLimitError,
+    StateMismatch,
+    StateRestoreError,
+)
 from snapstate.format.dtypes import empty_tensor
 from snapstate.format.manifest import MANIFEST
 from snapstate.format.tree import MAX_TREE_DEPTH
 from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key, shorten_path
-from snapstate.state.loaders import load_into, restore_template
+from snapstate.state.loaders import is_loader, load_into, restore_template, state_of
 from snapstate.state.stateful import is_stateful
 from snapstate.state.typed import ATOM_TAGS, decode_atom, enum_class, enum_member
 
@@ -51,11 +57,105 @@ class RestorePlan:
     skipped: list[str] = field(default_factory=list)
     # container slots to set; deferred so that a refused (strict) load changes nothing
     assignments: list[tuple[Any, Any, Any]] = field(default_factory=list)
+    # the Stateful objects whose load_state_dict a finalizer calls: index -> (key path, object)
+    stateful: dict[int, tuple[str, Any]] = field(default_factory=dict)
 
     def apply_structure(self) -> None:
         """Put the planned values in their containers (after the reads, before finalizers)."""
         for container, key, value in self.assignments:
             container[key] = value
+
+    def untrusted_stateful(self) -> bool:
+        """Whether a Stateful object's ``load_state_dict`` is the user's own (not torch's,
+        torchdata's or snapstate's, which do not fail on a state already matched against
+        them): the load then keeps copies of every tensor it overwrites, so that a raise in
+        there can put them back."""
+        return any(not _trusted_loader(obj) for _, obj in self.stateful.values())
+
+    def finish(self, undo_reads: Callable[[], None], reads_undone: bool = True) -> None:
+        """Set the containers' slots and run the finalizers (the Stateful objects'
+        ``load_state_dict``) as one step: if one raises, ``undo_reads`` puts the tensors back,
+        every slot gets its old value and every Stateful object its state from before the load,
+        and a StateRestoreError names the object (its exception as the cause).
+        ``reads_undone=False``: the tensors cannot be put back (a mapped load keeps no copies
+        where every ``load_state_dict`` is trusted), and the error says so."""
+        slots = [(c, k, _slot_value(c, k)) for c, k, _ in self.assignments]
+        before = {i: _copied(state_of(obj, path)) for i, (path, obj) in self.stateful.items()}
+        self.apply_structure()
+        for i, finalize in enumerate(self.finalizers):
+            try:
+                finalize()
+            except Exception as exc:
+                undo_reads()
+                refused = _put_back(slots, before, self.stateful, upto=i)
+                path = self.stateful.get(i, ("",))[0]
+                undone = (
+                    "the load was undone and the state is as it was before it"
+                    if reads_undone
+                    else "every change but the tensors' new values was undone"
+                )
+                if refused:
+                    undone += "; these refused their own earlier state: " + ", ".join(refused)
+                raise StateRestoreError(
+                    f"the load_state_dict of {path or '<root>'!r} raised {type(exc).__name__}: "
+                    f"{exc}; {undone}",
+                    key=path,
+                ) from exc
+
+
+_ABSENT = object()
+_TRUSTED_MODULES = ("torch.", "torchdata.", "snapstate.")
+
+
+def _trusted_loader(obj: Any) -> bool:
+    method = getattr(type(obj), "load_state_dict", None)
+    return is_loader(obj) or getattr(method, "__module__", "").startswith(_TRUSTED_MODULES)
+
+
+def _slot_value(container: Any, key: Any) -> Any:
+    try:
+        return container[key]
+    except (KeyError, IndexError):
+        return _ABSENT
+
+
+def _copied(value: Any) -> Any:
+    """The containers of a state dict copied, its leaves shared: a load_state_dict that
+    mutates the dict it was given back (or that ``state_dict`` returned live) cannot change
+    the snapshot; tensors among the leaves are put back by the load's rollback. A shallow
+    copy keeps the dict's type and attributes (a module's ``_metadata``)."""
+    if isinstance(value, dict):
+        out = copy.copy(value)
+        for k, v in value.items():
+            out[k] = _copied(v)
+        return out
+    if isinstance(value, list):
+        return [_copied(v) for v in value]
+    return value
+
+
+def _put_back(
+    slots: list[tuple[Any, Any, Any]],
+    before: dict[int, Any],
+    stateful: dict[int, tuple[str, Any]],
+    upto: int,
+) -> list[str]:
+    """Undo a load whose finalizer ``upto`` raised: slots first, then every Stateful object
+    loaded so far (that one included: it may have half-applied), the latest first. Returns
+    the objects that refused their own earlier state too (nothing more can be done there)."""
+    for container, key, old in reversed(slots):
+        if old is _ABSENT:
+            del container[key]
+        else:
+            container[key] = old
+    refused = []
+    for i in sorted((i for i in stateful if i <= upto), reverse=True):
+        path, obj = stateful[i]
+        try:
+            load_into(obj, before[i])
+        except Exception as exc:  # noqa: BLE001 - reported in the StateRestoreError
+            refused.append(f"{path or '<root>'!r} ({type(exc).__name__}: {exc})")
+    return refused
 
 
 Lookup = Callable[[str, bool], "StoredTensor | None"]
@@ -264,6 +364,7 @@ def _restore_stateful(target: Any, node: Node, path: str, walk: _Walk, rank_loca
     walk.templates.update(optimizer_templates(target, path))
     template = restore_template(target)  # data loaders: see state/loaders.py
     new_sd = _restore(template, node, path, walk, rebuild=True, rank_local=rank_local)
+    walk.plan.stateful[len(walk.plan.finalizers)] = (path, target)
     walk.plan.finalizers.append(lambda: load_into(target, _resolved(new_sd)))
     return target
 

@@ -11,9 +11,24 @@ from __future__ import annotations
 
 import os
 import uuid
+from collections.abc import Callable
 
 
 def write_atomic_local(full_path: str, data: bytes) -> None:
+    _publish_local(full_path, data, os.replace)
+
+
+def create_new_local(full_path: str, data: bytes) -> None:
+    """Publish ``full_path`` whole, only if it does not exist (FileExistsError otherwise).
+
+    The bytes are written aside and hard-linked into place: ``link`` refuses an existing
+    name atomically, and a reader never sees the file before its bytes (an ``O_EXCL`` create
+    followed by a write shows an empty file in between).
+    """
+    _publish_local(full_path, data, os.link)
+
+
+def _publish_local(full_path: str, data: bytes, put: Callable[[str, str], None]) -> None:
     directory = os.path.dirname(full_path) or "."
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(full_path)}.{uuid.uuid4().hex[:8]}.tmp")
@@ -26,13 +41,12 @@ def write_atomic_local(full_path: str, data: bytes) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, full_path)
-    except BaseException:
+        put(tmp, full_path)
+    finally:
         try:
-            os.unlink(tmp)
+            os.unlink(tmp)  # gone after a replace; after a link, the name taken aside
         except FileNotFoundError:
             pass
-        raise
     dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(dir_fd)

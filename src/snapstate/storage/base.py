@@ -61,6 +61,16 @@ class Storage(Protocol):
     def child(self, path: str) -> Storage: ...
 
 
+@runtime_checkable
+class CreatesNew(Protocol):
+    """A store that can publish a file only if its name is free, atomically (the lock)."""
+
+    def create_new(self, path: str, data: bytes) -> None:
+        """Write ``path`` whole unless it exists: FileExistsError if it does;
+        NotImplementedError where this store cannot tell (the caller falls back)."""
+        ...
+
+
 def is_url(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 

@@ -170,6 +170,16 @@ class FsspecStorage:
             self._remove_full(tmp)
             raise
 
+    def create_new(self, path: str, data: bytes) -> None:
+        """One conditional PUT (``If-None-Match: *``) on S3: the store refuses it with 412,
+        which s3fs raises as FileExistsError, when the object exists. S3 and most compatible
+        servers honour it; one that ignores the header behaves as ``write_atomic``."""
+        call_s3 = getattr(self.fs, "call_s3", None)
+        if call_s3 is None:
+            raise NotImplementedError(f"{self.root}: no conditional create on this file system")
+        bucket, key, _ = self.fs.split_path(self._full(path))
+        call_s3("put_object", Bucket=bucket, Key=key, Body=bytes(data), IfNoneMatch="*")
+
     def _remove_full(self, full: str) -> None:
         try:
             self.fs.rm_file(full)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from snapstate.storage.atomic import write_atomic_local
+from snapstate.storage.atomic import create_new_local, write_atomic_local
 
 WRITEBACK_MIN_BYTES = 1 << 20  # smaller writes are left to the kernel's own writeback
 IOV_MAX = 1024  # buffers per vectored write (Linux's limit)
@@ -342,6 +342,9 @@ class LocalStorage:
 
     def write_atomic(self, path: str, data: bytes) -> None:
         write_atomic_local(self._full(path), data)
+
+    def create_new(self, path: str, data: bytes) -> None:
+        create_new_local(self._full(path), data)
 
     def remove(self, path: str) -> None:
         try:
