@@ -1,4 +1,4 @@
-"""Validation of a manifest's structure tree (SPEC item 5), untrusted input walked without recursion."""
+"""Validation of a manifest's structure tree (SPEC.md, "Structure tree"), untrusted input walked without recursion."""
 
 from __future__ import annotations
 
