@@ -11,11 +11,11 @@ from snapstate.state.rng import RNGState
 def read_state(path: str | os.PathLike[str], rank: int | None = None) -> Any:
     """The checkpoint as plain nested containers, with ``rank``'s rank-local values.
 
-    The one place the integrations read a whole checkpoint (``ss.read_state`` once it lands).
+    The one place the integrations read a whole checkpoint: not a collective, every rank reads.
     """
-    from snapstate.export import materialize
+    import snapstate as ss
 
-    return materialize(path, rank=rank)
+    return ss.read_state(path, rank=rank)
 
 
 def is_checkpoint_dir(path: Any) -> bool:

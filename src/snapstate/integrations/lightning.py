@@ -60,7 +60,9 @@ class SnapstateCheckpointIO(CheckpointIO):
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
         if storage_options is not None:
-            raise TypeError(f"SnapstateCheckpointIO takes no storage_options (got {storage_options!r})")
+            raise TypeError(
+                f"SnapstateCheckpointIO takes no storage_options (got {storage_options!r})"
+            )
         if dist_world() > 1 and not self.collective:
             raise RuntimeError(
                 f"saving {os.fspath(path)!r}: with {dist_world()} ranks Lightning calls the "
@@ -68,7 +70,11 @@ class SnapstateCheckpointIO(CheckpointIO):
                 "SnapstateCallback() to the Trainer's callbacks"
             )
         self.wait()
-        kwargs: dict[str, Any] = {"overwrite": True, "timeout": self.timeout, "options": self.options}
+        kwargs: dict[str, Any] = {
+            "overwrite": True,
+            "timeout": self.timeout,
+            "options": self.options,
+        }
         if self.async_save:
             self._handle = ss.async_save(checkpoint, path, **kwargs)
         else:
@@ -134,7 +140,7 @@ class SnapstateCallback(Callback):
         return ss.RankLocal(value)  # type: ignore[return-value]  # Stateful: saved per rank
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._pending = state_dict.get("value", state_dict)
+        self._pending = state_dict["value"]  # RankLocal's state: this rank's value
 
     def adopt(self, combined: Any) -> None:
         """Wrap the train loaders of a CombinedLoader; hand them the position being resumed."""
@@ -175,8 +181,12 @@ def refuse_unsupported(strategy: Any) -> None:
 def _save_on_every_rank(strategy: Any) -> None:
     # Strategy.save_checkpoint calls the CheckpointIO on global rank 0 only; every rank reaches
     # it (Trainer.save_checkpoint runs everywhere, then a barrier), so the collective save fits.
-    def save_checkpoint(checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
-        strategy.checkpoint_io.save_checkpoint(checkpoint, filepath, storage_options=storage_options)
+    def save_checkpoint(
+        checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None
+    ) -> None:
+        strategy.checkpoint_io.save_checkpoint(
+            checkpoint, filepath, storage_options=storage_options
+        )
 
     strategy.save_checkpoint = save_checkpoint
 
@@ -263,7 +273,11 @@ class _ResumableLoader:
                     f"resuming the train loader at batch {position['yielded']}: "
                     f"this run's loader ends after {n} batches"
                 ) from None
-        self.epoch_rng, self.yielded, self.exhausted = position["epoch_rng"], position["yielded"], False
+        self.epoch_rng, self.yielded, self.exhausted = (
+            position["epoch_rng"],
+            position["yielded"],
+            False,
+        )
         rng_restore(rng)
         return self._count(it, list(kept))
 
