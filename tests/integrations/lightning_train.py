@@ -10,7 +10,8 @@ is imported once, here) and answers ``{"codes": [...]}`` when every rank has exi
 CheckpointIO alone, "default" keeps Lightning's own checkpointing, "plain" saves nothing. ``ckpt`` holds the
 ModelCheckpoint arguments. Each rank appends "step loss.hex()" lines to losses-RANK.txt and,
 when training ends, the ranks save the model and optimizer with snapstate to ``out/final`` and
-rank 0 writes what its ModelCheckpoint kept to ``out/kept.json``.
+rank 0 writes what its ModelCheckpoint kept to ``out/kept.json``. A job ``{"out": dir,
+"script": code}`` runs ``code`` in ``dir`` instead (a documented recipe).
 """
 
 from __future__ import annotations
@@ -142,7 +143,11 @@ def child(config: dict[str, Any], rank: int, port: int) -> None:
             env = {"LOCAL_RANK": rank, "RANK": rank, "NODE_RANK": 0, "WORLD_SIZE": config["world"]}
             os.environ.update({k: str(v) for k, v in env.items()})
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        main(config)
+        if "script" in config:  # a recipe of docs/integrations.md, run as written
+            os.chdir(config["out"])
+            exec(compile(config["script"], "recipe.py", "exec"), {"__name__": "__main__"})
+        else:
+            main(config)
     except BaseException:  # noqa: BLE001 - reported through the exit code and the log
         traceback.print_exc()
         code = 1

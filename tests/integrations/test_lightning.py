@@ -17,12 +17,13 @@ import pytest
 
 import snapstate as ss
 from support.bits import assert_tree_equal
-from support.integrations import needs
+from support.integrations import needs, recipe
 from support.procs import LineServer
 
 pytestmark = needs("lightning")
 
 SERVER = str(Path(__file__).with_name("lightning_train.py"))
+DOC = Path(__file__).parents[2] / "docs" / "integrations.md"
 KILLED = -9
 STEPS_EVERY_3 = {"every_n_train_steps": 3, "save_top_k": -1, "save_last": True}
 
@@ -184,3 +185,23 @@ def test_strategies_that_bypass_the_checkpoint_io_are_refused_at_setup() -> None
             SnapstateCallback().setup(trainer, None, "fit")
         assert "supported: SingleDeviceStrategy" in str(refused.value)
         assert "DDPStrategy" in str(refused.value)
+
+
+def test_the_documented_recipe_runs_as_written_and_resumes(server: LineServer, work: Path) -> None:
+    code = recipe(DOC, "Lightning")
+    out = work / "recipe"
+    train(server, out, script=code)
+    ckpt = out / "ckpt"
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "epoch=1-step=12.ckpt",
+        "epoch=1-step=16.ckpt",
+        "last.ckpt",
+    ]
+    first = ss.read_state(ckpt / "last.ckpt", ["global_step", "state_dict"])
+    assert first["global_step"] == 16
+    train(server, out, script=code)  # again: resumes from last.ckpt, whose run is complete
+    assert f"Restored all states from the checkpoint at {ckpt / 'last.ckpt'}" in (
+        out / "rank0.log"
+    ).read_text()
+    again = ss.read_state(ckpt / "last.ckpt", ["global_step", "state_dict"])
+    assert_tree_equal(first, again)
