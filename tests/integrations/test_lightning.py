@@ -14,6 +14,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 import snapstate as ss
 from support.bits import assert_tree_equal
@@ -157,11 +158,15 @@ def top_k(server: LineServer, work: Path) -> Path:
 
 def test_top_k_leaves_exactly_k_committed_checkpoints(top_k: Path) -> None:
     kept = json.loads((top_k / "kept.json").read_text())
-    on_disk = sorted(p.name for p in (top_k / "ckpt").iterdir())
+    ckpt = top_k / "ckpt"
+    named = sorted(p.name for p in ckpt.iterdir() if not p.name.startswith("."))
     assert len(kept["best_k"]) == 2
-    assert on_disk == sorted([*(Path(p).name for p in kept["best_k"]), "last.ckpt"])
-    for name in on_disk:
-        assert ss.verify(top_k / "ckpt" / name).ok
+    assert named == sorted([*(Path(p).name for p in kept["best_k"]), "last.ckpt"])
+    for name in named:
+        assert ss.verify(ckpt / name).ok
+    # each name links to its version; no other version is left behind
+    versions = sorted(p.name for p in ckpt.iterdir() if p.name.startswith("."))
+    assert versions == sorted(os.readlink(ckpt / name) for name in named)
 
 
 def test_load_from_checkpoint_reads_a_snapstate_directory(top_k: Path) -> None:
@@ -192,7 +197,7 @@ def test_the_documented_recipe_runs_as_written_and_resumes(server: LineServer, w
     out = work / "recipe"
     train(server, out, script=code)
     ckpt = out / "ckpt"
-    assert sorted(p.name for p in ckpt.iterdir()) == [
+    assert sorted(p.name for p in ckpt.iterdir() if not p.name.startswith(".")) == [
         "epoch=1-step=12.ckpt",
         "epoch=1-step=16.ckpt",
         "last.ckpt",
@@ -200,8 +205,28 @@ def test_the_documented_recipe_runs_as_written_and_resumes(server: LineServer, w
     first = ss.read_state(ckpt / "last.ckpt", ["global_step", "state_dict"])
     assert first["global_step"] == 16
     train(server, out, script=code)  # again: resumes from last.ckpt, whose run is complete
-    assert f"Restored all states from the checkpoint at {ckpt / 'last.ckpt'}" in (
-        out / "rank0.log"
-    ).read_text()
+    assert (
+        f"Restored all states from the checkpoint at {ckpt / 'last.ckpt'}"
+        in (out / "rank0.log").read_text()
+    )
     again = ss.read_state(ckpt / "last.ckpt", ["global_step", "state_dict"])
     assert_tree_equal(first, again)
+
+
+KILLED_WHILE_OVERWRITING = """
+import os, signal, torch
+from snapstate.integrations.lightning import SnapstateCheckpointIO
+
+io = SnapstateCheckpointIO()
+io.save_checkpoint({"w": torch.zeros(4)}, "last.ckpt")
+io.wait()
+io.save_checkpoint({"w": torch.ones(16 << 20)}, "last.ckpt")  # staged, still being written
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_save_killed_while_it_overwrites_last_leaves_the_previous_one(
+    server: LineServer, work: Path
+) -> None:
+    out = train(server, work / "overwrite", KILLED, script=KILLED_WHILE_OVERWRITING)
+    assert_tree_equal(ss.read_state(out / "last.ckpt"), {"w": torch.zeros(4)})

@@ -15,7 +15,7 @@ Strategies that bypass CheckpointIO (FSDP, ModelParallel, DeepSpeed, XLA) are re
 from __future__ import annotations
 
 import os
-import shutil
+import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +24,7 @@ from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
 from lightning.pytorch.callbacks import Callback
 
 import snapstate as ss
+from snapstate.integrations import _publish
 from snapstate.integrations._read import (
     dist_rank,
     dist_world,
@@ -40,7 +41,10 @@ class SnapstateCheckpointIO(CheckpointIO):
     """Lightning's CheckpointIO on snapstate: ``Trainer(plugins=[SnapstateCheckpointIO()])``.
 
     ``async_save=True`` returns once the state is staged (training goes on while it is written);
-    the next save, a load, a removal and the end of training wait for it.
+    the next save, a load, a removal and the end of training wait for it. Each save writes a
+    fresh hidden directory beside the path Lightning names, which becomes a symlink to it once
+    it is committed (``_publish.py``): a save killed while it overwrites ``last.ckpt`` leaves
+    the previous ``last.ckpt`` in place.
     """
 
     def __init__(
@@ -54,7 +58,8 @@ class SnapstateCheckpointIO(CheckpointIO):
         self.timeout = timeout
         self.options = options
         self.collective = False  # set by SnapstateCallback: every rank calls save_checkpoint
-        self._handle: ss.SaveHandle | None = None
+        self._pending: threading.Thread | None = None  # waits for the commit, then publishes
+        self._error: BaseException | None = None
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -70,15 +75,18 @@ class SnapstateCheckpointIO(CheckpointIO):
                 "SnapstateCallback() to the Trainer's callbacks"
             )
         self.wait()
-        kwargs: dict[str, Any] = {
-            "overwrite": True,
-            "timeout": self.timeout,
-            "options": self.options,
-        }
-        if self.async_save:
-            self._handle = ss.async_save(checkpoint, path, **kwargs)
-        else:
-            ss.save(checkpoint, path, **kwargs)
+        path = os.fspath(path)
+        target = _publish.version_dir(path, _agreed(_publish.new_version()))
+        kwargs: dict[str, Any] = {"timeout": self.timeout, "options": self.options}
+        if not self.async_save:
+            ss.save(checkpoint, target, **kwargs)
+            self._publish(path, target)
+            return
+        handle = ss.async_save(checkpoint, target, **kwargs)
+        self._pending = threading.Thread(
+            target=self._publish_when_committed, args=(handle, path, target), daemon=True
+        )
+        self._pending.start()
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -88,20 +96,42 @@ class SnapstateCheckpointIO(CheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         self.wait()  # the checkpoint being removed may be the one still being written
-        path = os.fspath(path)
-        if os.path.isdir(path):
-            shutil.rmtree(path)
-        elif os.path.exists(path):
-            os.remove(path)
+        _publish.remove(os.fspath(path))
 
     def teardown(self) -> None:
         self.wait()
 
     def wait(self) -> None:
-        """Block until the save in flight is committed (raises its error if it failed)."""
-        handle, self._handle = self._handle, None
-        if handle is not None:
+        """Block until the save in flight is committed and published (raises its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _publish_when_committed(self, handle: ss.SaveHandle, path: str, target: str) -> None:
+        try:
             handle.wait()
+            self._publish(path, target)
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait()
+            self._error = exc
+
+    @staticmethod
+    def _publish(path: str, target: str) -> None:
+        if dist_rank() == 0:  # one rank renames; every rank's wait saw the commit
+            _publish.publish(path, target)
+
+
+def _agreed(value: str) -> str:
+    """Rank 0's ``value`` on every rank (the ranks must write the same directory)."""
+    if dist_world() == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])
 
 
 class SnapstateCallback(Callback):
