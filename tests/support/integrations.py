@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib.util
+import re
+from pathlib import Path
 
 import pytest
 
@@ -13,3 +15,12 @@ def needs(*packages: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(
         bool(missing), reason=f"needs {', '.join(missing)}: make test-integrations"
     )
+
+
+def recipe(doc: Path, heading: str) -> str:
+    """The first ```python block under ``## heading`` in ``doc``: the recipe a test runs as written."""
+    text = doc.read_text()
+    start = text.index(f"\n## {heading}\n")
+    block = re.search(r"```python\n(.*?)```", text[start:], re.DOTALL)
+    assert block, f"{doc}: no python block under '## {heading}'"
+    return block.group(1)

@@ -1,0 +1,60 @@
+"""A checkpoint at a path a trainer names and overwrites (``last.ckpt``), replaced atomically.
+
+A snapstate save into an existing checkpoint uncommits it first, so a save killed there would
+leave the trainer's path holding nothing. Instead each save writes a fresh hidden sibling
+(``.last.ckpt.snapstate-<id>``) and, once it is committed, the named path becomes a symlink to
+it by one rename; the previous version is removed only then. A kill at any moment leaves the
+path naming a committed checkpoint: the previous one or the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+
+PREFIX = ".snapstate-"
+
+
+def version_dir(path: str, version: str) -> str:
+    """The hidden sibling that holds ``path``'s checkpoint ``version``."""
+    head, name = os.path.split(os.path.abspath(path))
+    return os.path.join(head, f".{name}{PREFIX}{version}")
+
+
+def new_version() -> str:
+    """A version id no earlier save of this root used (rank 0 picks it; the others receive it)."""
+    return f"{time.time_ns():x}-{os.getpid():x}"
+
+
+def publish(path: str, target: str) -> None:
+    """Point ``path`` at the committed ``target`` in one rename; remove what it named before."""
+    previous = _own_target(path)
+    link = f"{target}.link"
+    if os.path.lexists(link):
+        os.remove(link)
+    os.symlink(os.path.basename(target), link)
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path)  # a checkpoint written in place by an older save: not atomic, once
+    os.replace(link, path)
+    if previous is not None and previous != os.path.abspath(target):
+        shutil.rmtree(previous, ignore_errors=True)
+
+
+def remove(path: str) -> None:
+    """Remove ``path``: the link and the version it names, or a plain file or directory."""
+    target = _own_target(path)
+    if os.path.islink(path) or os.path.isfile(path):
+        os.remove(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path)
+    if target is not None:
+        shutil.rmtree(target, ignore_errors=True)
+
+
+def _own_target(path: str) -> str | None:
+    """The hidden version ``path`` links to, if it is one of ours."""
+    if not os.path.islink(path):
+        return None
+    target = os.path.join(os.path.dirname(os.path.abspath(path)), os.readlink(path))
+    return target if os.path.basename(target).startswith(".") and PREFIX in target else None
