@@ -147,7 +147,8 @@ def check_witnesses(markers: Sequence[Marker]) -> None:
     found = []
     for name in sorted({n for m in markers for n in m.replicas}):
         rank, chunk = written[name]
-        by_hash: dict[str, list[int]] = {_label(chunk.xxh3): [rank]}
+        # witnesses hash raw bytes; a compressed chunk's xxh3 covers its stored ones
+        by_hash: dict[str, list[int]] = {_label(chunk.raw_xxh3 or chunk.xxh3): [rank]}
         for m in markers:
             if name in m.replicas:
                 by_hash.setdefault(_label(m.replicas[name]), []).append(m.rank)

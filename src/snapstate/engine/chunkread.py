@@ -40,9 +40,11 @@ def task_itemsize(task: ReadTask) -> int:
 
 
 def reads_whole_chunk(task: ReadTask) -> bool:
-    """The target takes the whole chunk into contiguous host memory: read straight into it."""
+    """The target takes the whole chunk into contiguous host memory: read straight into it
+    (never a compressed chunk: its stored bytes are not the target's)."""
     return (
-        task.part == chunk_box(task)
+        not task.chunk.compressed
+        and task.part == chunk_box(task)
         and task.target.is_contiguous()
         and task.target.device.type == "cpu"
     )

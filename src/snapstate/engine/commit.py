@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as _dt
 import platform
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -19,10 +19,12 @@ from snapstate._version import __version__
 from snapstate.collective.barrier import OK, StoreBarrier, describe, raise_for
 from snapstate.collective.coordinator import Coordinator
 from snapstate.collective.replica_check import check_witnesses
+from snapstate.engine.compress import StoredChunk
 from snapstate.errors import CheckpointError
 from snapstate.format.manifest import (
     MANIFEST,
     ChunkRecord,
+    CompressedChunk,
     FileRecord,
     Manifest,
     RankLocalRecord,
@@ -41,8 +43,20 @@ def marker_path(rank: int) -> str:
     return f"{MARKERS}/r{rank:05d}.json"
 
 
-def marker_chunk(p: PlacedItem, block_bytes: int, xxh3: list[str]) -> MarkerChunk:
-    """How a rank's marker reports one chunk it wrote."""
+def marker_chunk(
+    p: PlacedItem, block_bytes: int, xxh3: list[str], stored: StoredChunk | None = None
+) -> MarkerChunk:
+    """How a rank's marker reports one chunk it wrote (``stored``: where its compressed
+    frames lie instead, and ``xxh3`` the checksums of its raw bytes)."""
+    if stored is not None:
+        return replace(
+            marker_chunk(p, block_bytes, list(stored.xxh3)),
+            start=stored.start,
+            end=stored.end,
+            codec=stored.codec,
+            frames=stored.frames,
+            raw_xxh3=tuple(xxh3) if stored.codec else (),
+        )
     return MarkerChunk(
         key=p.item.key,
         placement=p.item.placement.value,
@@ -101,16 +115,7 @@ def assemble_manifest(
         for path, size in marker.files.items():
             files[path] = FileRecord(size, marker.rank)
         for c in marker.chunks:
-            record = ChunkRecord(
-                list(c.offsets),
-                list(c.sizes),
-                c.file,
-                c.name,
-                c.start,
-                c.end,
-                c.block_bytes,
-                list(c.xxh3),
-            )
+            record = _chunk_record(c)
             (local.tensors if c.placement == "rank_local" else tensors)[c.key].chunks.append(record)
         if local.trees or local.tensors:
             rank_local[marker.rank] = local
@@ -134,6 +139,13 @@ def assemble_manifest(
         },
         timings={**timings, "per_rank": [m.timings for m in markers]},
     )
+
+
+def _chunk_record(c: MarkerChunk) -> ChunkRecord:
+    fields = (list(c.offsets), list(c.sizes), c.file, c.name, c.start, c.end, c.block_bytes)
+    if c.codec is None:
+        return ChunkRecord(*fields, list(c.xxh3))
+    return CompressedChunk(*fields, list(c.xxh3), c.codec, [list(f) for f in c.frames])
 
 
 def encode_manifest(

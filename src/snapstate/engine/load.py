@@ -26,6 +26,7 @@ from snapstate.engine.chunkread import (
     select,
     verify,
 )
+from snapstate.engine.decompress import any_compressed, read_compressed
 from snapstate.engine.mapped import can_map, load_mapped
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
@@ -117,7 +118,10 @@ def load_into(
     # 4-7x a copy into allocated memory here (512 MiB cold: mapped 1.08-1.18x a raw read,
     # in place with copies made while the disk reads 1.28-2.4x).
     nbytes = sum(t.chunk.end - t.chunk.start for t in tasks)
-    mapped = not shared and can_map(storage, nbytes)
+    # compressed chunks are decoded on the own-reads path (neither mapped nor sent on)
+    compressed = any_compressed(manifest)
+    shared = shared and not compressed
+    mapped = not shared and not compressed and can_map(storage, nbytes)
     waits: list[Callable[[], None]] | None = None
     # A user's load_state_dict may raise after the reads: then the tensors go back too
     keep_copies = not mapped or plan.untrusted_stateful()
@@ -345,6 +349,8 @@ def _direct_read(task: ReadTask, before: Callable[[], None] | None = None) -> Di
 def read_one(storage: Storage, task: ReadTask) -> int:
     """Read and verify what ``task`` needs; returns the bytes read from storage."""
     chunk = task.chunk
+    if chunk.compressed:
+        return read_compressed(storage, task)
     dtype = dtype_from_name(task.record.dtype)
     chunk_box = Box(tuple(chunk.offsets), tuple(chunk.sizes))
     itemsize = dtype_itemsize(dtype)

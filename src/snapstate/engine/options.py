@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from snapstate.engine.staging import DEFAULT_SLAB_BYTES
+from snapstate.format.codec import CODECS
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
 from snapstate.planning.layout import PlanOptions
 
@@ -35,6 +36,10 @@ class SaveOptions:
     - ``replica_witnesses``: how many holders of each replicated chunk hash their copy per save:
       k = a rotating k of the holders (hash work k x the replicated state per save, a diverged
       holder caught within holders - 1 saves); None = every holder, every save (default 1).
+    - ``compression``: ``"zstd"``: every chunk of 4 KiB or more is stored compressed, losslessly
+      (zstd level 1; float dtypes split into byte planes first, ``format/codec.py``), on the
+      writer threads; loads decode on the read side. Pays where bandwidth is dear (object
+      storage); None (default) stores raw bytes, faster where the disk outruns the codec.
     """
 
     timeout: float = 1800.0
@@ -46,6 +51,11 @@ class SaveOptions:
     verify_replicas: str = "hash"
     unchecked_replicas: tuple[str, ...] = ()
     replica_witnesses: int | None = 1
+    compression: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.compression not in (None, *CODECS):
+            raise ValueError(f"compression={self.compression!r}: expected None or one of {CODECS}")
 
 
 _DEFAULTS = SaveOptions()

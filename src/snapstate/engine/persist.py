@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from snapstate.engine.compress import ChunkKey, CompressedFile, StoredChunk
 from snapstate.engine.staging import StagedBytes
 from snapstate.errors import CheckpointError, CheckpointIOError
 from snapstate.format.integrity import BlockHasher
@@ -82,8 +83,11 @@ class PersistStats:
     bytes_written: int = 0
     write_s: float = 0.0  # in the writes, summed over writer threads
     sync_s: float = 0.0  # the final fsync of every file
-    # (file, start, end) -> xxh3 blocks
+    # (file, start, end) -> xxh3 blocks of the raw bytes
     digests: dict[tuple[str, int, int], list[str]] = field(default_factory=dict)
+    # compressed saves: where each chunk was stored, and each file's real size
+    stored: dict[ChunkKey, StoredChunk] = field(default_factory=dict)
+    file_sizes: dict[str, int] = field(default_factory=dict)
 
 
 class RankWriter:
@@ -96,8 +100,13 @@ class RankWriter:
         block_bytes: int,
         threads: int = 1,
         hold: bool = False,
+        compression: str | None = None,
     ) -> None:
         self.storage = storage
+        # compressed: each file's frames, written header first once the file is complete
+        self._compressed = (
+            {f.path: CompressedFile(f, block_bytes) for f in plan.files} if compression else None
+        )
         # An async save holds its pieces until staging ends (``flush``): on a few cores the
         # writer's copies and hashing would slow the staging copies that training waits for.
         self._held: list[_Job] | None = [] if hold else None
@@ -140,7 +149,8 @@ class RankWriter:
             for f in self._files:
                 writer = self.storage.open_writer(f.path, f.size)
                 self._writers[f.path] = writer
-                writer.write_at(memoryview(f.header), 0)
+                if self._compressed is None:  # else its real header comes with its frames
+                    writer.write_at(memoryview(f.header), 0)
         except BaseException:
             self.abort()
             raise
@@ -206,6 +216,9 @@ class RankWriter:
             q.put(_STOP)
         for t in self._threads:
             t.join()
+        if self.error is None and self._compressed is not None:
+            for path in list(self._compressed):  # files without chunks
+                self._write_compressed(path)
         if self.error is not None:
             self.abort()
             raise self.error
@@ -288,7 +301,10 @@ class RankWriter:
             job.staged.ready()
         started = time.perf_counter()
         writer, staged = self._writers[job.file], job.staged
-        if isinstance(staged, GatheredBytes):
+        if self._compressed is not None:
+            self._compress(job)
+            nbytes = 0  # counted when the file is written
+        elif isinstance(staged, GatheredBytes):
             nbytes = write_gathered(writer, staged.buffers, job.at)
         else:
             writer.write_at(staged.data, job.at)
@@ -296,6 +312,24 @@ class RankWriter:
         with self._lock:
             self.stats.bytes_written += nbytes
             self.stats.write_s += time.perf_counter() - started
+
+    def _compress(self, job: _Job) -> None:
+        """Encode the job's parts; the file goes out once its last chunk is encoded."""
+        pending = self._compressed[job.file]  # type: ignore[index]
+        for i, (placed, begin, end, last) in enumerate(job.parts):
+            if pending.add(placed, job.staged.part(i, begin, end), last):
+                self._write_compressed(job.file)
+
+    def _write_compressed(self, path: str) -> None:
+        pending = self._compressed.pop(path, None)  # type: ignore[union-attr]
+        if pending is None:
+            return
+        buffers, places = pending.layout()
+        nbytes = write_gathered(self._writers[path], buffers, 0)
+        with self._lock:
+            self.stats.stored.update(places)
+            self.stats.file_sizes[path] = nbytes
+            self.stats.bytes_written += nbytes
 
     def _hash(self, placed: PlacedItem, data: memoryview, last: bool) -> None:
         # an empty chunk starts where the next one does: the key needs its end too

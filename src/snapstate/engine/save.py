@@ -22,6 +22,7 @@ from snapstate.engine.commit import (
     report_failure,
     write_marker,
 )
+from snapstate.engine.compress import chunk_key
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.options import SaveOptions
@@ -220,6 +221,7 @@ class SaveJob:
                 options.block_bytes,
                 options.threads,
                 hold=self.mode is SaveMode.ASYNC,
+                compression=options.compression,
             )
             stager = Stager(self.pool, options.timeout, before_wait=writer.flush)
             piece_bytes = self._piece_bytes()
@@ -521,7 +523,9 @@ def _marker(
     agreed, rank_plan = planned.agreed, planned.rank_plan
     flat = agreed.flat
     chunks = tuple(
-        marker_chunk(p, block_bytes, stats.digests[(p.file, p.start, p.end)])
+        marker_chunk(
+            p, block_bytes, stats.digests[(p.file, p.start, p.end)], stats.stored.get(chunk_key(p))
+        )
         for f in rank_plan.files
         for p in f.items
     )
@@ -531,7 +535,7 @@ def _marker(
     }
     return Marker(
         rank=rank,
-        files={f.path: f.size for f in rank_plan.files},
+        files={f.path: stats.file_sizes.get(f.path, f.size) for f in rank_plan.files},
         chunks=chunks,
         kinds={k: flat.kinds[k] for k in flat.tensors},
         local_trees=flat.rank_local_trees,

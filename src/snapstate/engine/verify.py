@@ -117,8 +117,10 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
     for key, rec in manifest.all_tensors().items():
         report.tensors += 1
         for chunk in rec.chunks:
-            st_dtype, st_shape = safetensors_entry(
-                rec.dtype, tuple(chunk.sizes), chunk.end - chunk.start
+            st_dtype, st_shape = (
+                ("U8", [chunk.end - chunk.start])  # compressed frames are stored as bytes
+                if chunk.compressed
+                else safetensors_entry(rec.dtype, tuple(chunk.sizes), chunk.end - chunk.start)
             )
             by_file.setdefault(chunk.file, {})[chunk.name] = (
                 chunk.start,

@@ -32,7 +32,12 @@ class MarkerChunk:
     offsets: tuple[int, ...]
     sizes: tuple[int, ...]
     block_bytes: int
-    xxh3: tuple[str, ...]
+    xxh3: tuple[str, ...]  # of the stored bytes
+    # compressed chunks only: the codec, each frame's (stored, raw) bytes, and the checksums
+    # of the raw bytes, which the replica witnesses (who hash raw bytes) are compared with
+    codec: str | None = None
+    frames: tuple[tuple[int, int], ...] = ()
+    raw_xxh3: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -84,7 +89,7 @@ class Marker:
 
 
 def _chunk_json(c: MarkerChunk) -> dict[str, Any]:
-    return {
+    doc = {
         "key": c.key,
         "placement": c.placement,
         "file": c.file,
@@ -96,6 +101,9 @@ def _chunk_json(c: MarkerChunk) -> dict[str, Any]:
         "block_bytes": c.block_bytes,
         "xxh3": list(c.xxh3),
     }
+    if c.codec is not None:
+        doc.update(codec=c.codec, frames=[list(f) for f in c.frames], raw_xxh3=list(c.raw_xxh3))
+    return doc
 
 
 def parse_marker(raw: bytes, file: str, rank: int | None = None) -> Marker:
@@ -168,12 +176,25 @@ class _Check(FieldChecks):
             sizes=self.int_tuple(c.get("sizes"), key),
             block_bytes=self.integer(c.get("block_bytes"), key),
             xxh3=tuple(self.text(h, key) for h in self.array(c.get("xxh3"), key)),
+            **self.compression(c, key),
         )
         self.require(chunk.placement in PLACEMENTS, f"unknown placement {chunk.placement!r}", key)
         self.require(chunk.start <= chunk.end, "chunk ends before it starts", key)
         self.require(len(chunk.offsets) == len(chunk.sizes), "offsets and sizes differ", key)
         self.require(chunk.block_bytes > 0, "block_bytes is not positive", key)
         return chunk
+
+    def compression(self, c: dict[str, Any], key: str) -> dict[str, Any]:
+        """A compressed chunk's codec fields (none for a stored one)."""
+        if c.get("codec") is None:
+            return {}
+        frames = [self.int_tuple(f, key) for f in self.array(c.get("frames"), key)]
+        self.require(all(len(f) == 2 for f in frames), "a frame is not [stored, raw]", key)
+        return {
+            "codec": self.text(c["codec"], key),
+            "frames": tuple((f[0], f[1]) for f in frames),
+            "raw_xxh3": tuple(self.text(h, key) for h in self.array(c.get("raw_xxh3"), key)),
+        }
 
     def local_tensor(self, key: str, value: Any) -> LocalTensor:
         t = self.mapping(value, key)
