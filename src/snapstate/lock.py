@@ -20,19 +20,10 @@ import weakref
 from collections.abc import Iterator
 
 from snapstate.errors import CheckpointLockedError
-from snapstate.storage.base import Storage, storage_for
-from snapstate.storage.local import LocalStorage
+from snapstate.storage.base import Storage, read_capped, storage_for
 
 LOCK_FILE = ".snapstate.lock"
 MAX_LOCK_BYTES = 64 << 10  # a holder is a few hundred bytes of JSON
-
-
-def _read_capped(storage: Storage) -> bytes:
-    """The lock file's bytes, at most one past the cap; on local disks only a regular file
-    (no FIFO that blocks, no /dev/zero that never ends: O_NONBLOCK, O_NOFOLLOW, fstat)."""
-    if isinstance(storage, LocalStorage):
-        return storage.read_regular(LOCK_FILE, MAX_LOCK_BYTES)
-    return storage.read_bytes(LOCK_FILE, 0, MAX_LOCK_BYTES + 1)
 
 
 # Locks held by this process, by token: a second manager in the same process (same pid) is
@@ -124,7 +115,7 @@ class RootLock:
 
     def _read_holder(self) -> dict | None:
         try:
-            raw = _read_capped(self.storage)
+            raw = read_capped(self.storage, LOCK_FILE, MAX_LOCK_BYTES)
         except FileNotFoundError:
             return None
         except OSError as exc:  # a FIFO, device, directory or symlink: never read, never taken

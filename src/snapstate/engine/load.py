@@ -44,7 +44,7 @@ from snapstate.state.restore import (
     matches_nothing,
     plan_restore,
 )
-from snapstate.storage.base import Storage, defines_with
+from snapstate.storage.base import Storage, capabilities
 
 DEFAULT_READ_THREADS = 4
 
@@ -240,16 +240,16 @@ def _cold_whole_chunks(storage: Storage, tasks: list[ReadTask]) -> bool:
 def pages_cached(storage: Storage, tasks: list[ReadTask]) -> bool:
     """Whether the shards' pages look cached: the first, middle and last chunk of each file
     probed (a backend that cannot tell says yes, and keeps the mapped load)."""
-    if not defines_with(storage, "cached", "read_into"):
+    probe = capabilities(storage).page_cache
+    if probe is None:
         return True
     starts: dict[str, list[int]] = {}
     for t in tasks:
         starts.setdefault(t.chunk.file, []).append(t.chunk.start)
-    backend: Any = storage
     for file, offsets in starts.items():
         offsets.sort()
         probes = sorted({offsets[0], offsets[len(offsets) // 2], offsets[-1]})
-        if not backend.cached(file, probes):
+        if not probe.cached(file, probes):
             return False
     return True
 

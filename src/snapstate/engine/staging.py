@@ -26,7 +26,7 @@ from snapstate.state.views import GatheredBytes, StagedBytes, gathered
 from snapstate.state.views import bits_view as bits_view
 from snapstate.state.views import byte_view as byte_view
 from snapstate.state.views import row_pieces as row_pieces
-from snapstate.storage.local import DIRECT_ALIGN
+from snapstate.storage.buffers import DIRECT_ALIGN
 
 DEFAULT_SLAB_BYTES = 64 << 20
 ALIGN = 64
