@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from snapstate.collective.coordinator import Coordinator, gather_or_raise
-from snapstate.collective.loadshare import fail_together, shared_reads, transport_ok
+from snapstate.collective.loadshare import fail_together
 from snapstate.engine.chunkread import (
     ReadTask,
     read_bytes,
@@ -29,7 +29,8 @@ from snapstate.engine.chunkread import (
 from snapstate.engine.mapped import can_map, load_mapped
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
-from snapstate.engine.staging import bits_view, byte_view
+from snapstate.engine.sharedread import shared_reads
+from snapstate.engine.transport import transport_ok
 from snapstate.errors import IncompatibleStateError, SkippedKeys, StateMismatch
 from snapstate.format.dtypes import dtype_from_name, empty_bytes
 from snapstate.format.dtypes import itemsize as dtype_itemsize
@@ -44,6 +45,7 @@ from snapstate.state.restore import (
     matches_nothing,
     plan_restore,
 )
+from snapstate.state.views import bits_view, byte_view
 from snapstate.storage.base import Storage, capabilities
 
 DEFAULT_READ_THREADS = 4

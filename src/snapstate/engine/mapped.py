@@ -32,10 +32,11 @@ from snapstate.engine.chunkread import (
     verify,
 )
 from snapstate.engine.readorder import open_reader, read_from
-from snapstate.engine.staging import bits_view, copy_threads, host_memory_bytes
+from snapstate.engine.staging import copy_threads, host_memory_bytes
 from snapstate.errors import CorruptCheckpointError
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.planning.reshard import covering_span
+from snapstate.state.views import bits_view
 from snapstate.storage.base import FileReader, MappableFiles, Storage, capabilities
 from snapstate.storage.buffers import buffer_address
 
