@@ -10,7 +10,6 @@ from typing import Any, Literal
 
 from snapstate.collective.coordinator import default_coordinator
 from snapstate.collective.loadshare import fail_together
-from snapstate.collective.topology import use_read_once
 from snapstate.engine.background import wait_until_idle
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
@@ -18,6 +17,7 @@ from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.options import SaveOptions, with_keywords
 from snapstate.engine.save import start_save
 from snapstate.engine.staging import HostBufferPool
+from snapstate.engine.transport import use_read_once
 from snapstate.engine.verify import VerifyReport, read_manifest, verify_checkpoint
 from snapstate.errors import CheckpointError
 from snapstate.format.manifest import Manifest

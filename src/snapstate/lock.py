@@ -22,19 +22,10 @@ import weakref
 from collections.abc import Iterator
 
 from snapstate.errors import CheckpointLockedError
-from snapstate.storage.base import CreatesNew, Storage, storage_for
-from snapstate.storage.local import LocalStorage
+from snapstate.storage.base import Storage, capabilities, read_capped, storage_for
 
 LOCK_FILE = ".snapstate.lock"
 MAX_LOCK_BYTES = 64 << 10  # a holder is a few hundred bytes of JSON
-
-
-def _read_capped(storage: Storage) -> bytes:
-    """The lock file's bytes, at most one past the cap; on local disks only a regular file
-    (no FIFO that blocks, no /dev/zero that never ends: O_NONBLOCK, O_NOFOLLOW, fstat)."""
-    if isinstance(storage, LocalStorage):
-        return storage.read_regular(LOCK_FILE, MAX_LOCK_BYTES)
-    return storage.read_bytes(LOCK_FILE, 0, MAX_LOCK_BYTES + 1)
 
 
 # Locks held by this process, by token: a second manager in the same process (same pid) is
@@ -112,9 +103,10 @@ class RootLock:
 
     def _create(self, take_over: bool) -> None:
         data = json.dumps(self.owner).encode()
-        if not take_over and isinstance(self.storage, CreatesNew):
+        creates_new = capabilities(self.storage).creates_new
+        if not take_over and creates_new is not None:
             try:
-                self.storage.create_new(LOCK_FILE, data)  # one of two racing managers wins
+                creates_new.create_new(LOCK_FILE, data)  # one of two racing managers wins
                 return
             except FileExistsError:
                 raise CheckpointLockedError(
@@ -126,7 +118,7 @@ class RootLock:
 
     def _read_holder(self) -> dict | None:
         try:
-            raw = _read_capped(self.storage)
+            raw = read_capped(self.storage, LOCK_FILE, MAX_LOCK_BYTES)
         except FileNotFoundError:
             return None
         except OSError as exc:  # a FIFO, device, directory or symlink: never read, never taken

@@ -26,8 +26,7 @@ from snapstate.errors import (
 from snapstate.format.manifest import MANIFEST
 from snapstate.lock import RootLock
 from snapstate.retention import steps_to_delete
-from snapstate.storage.base import Storage, storage_for
-from snapstate.storage.local import LocalStorage
+from snapstate.storage.base import Storage, capabilities, storage_for
 
 log = logging.getLogger("snapstate")
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
@@ -202,9 +201,10 @@ class CheckpointManager:
             return
         name = step_dir(step)
         try:
-            if isinstance(self.storage, LocalStorage):
+            renames = capabilities(self.storage).renames
+            if renames is not None:
                 target = _free_name(self.storage, f"{name}.corrupt")
-                self.storage.rename(name, target)
+                renames.rename(name, target)
                 self.storage.sync_dir()
             else:
                 manifest = f"{name}/{MANIFEST}"

@@ -1,5 +1,7 @@
 """Backends under test: every conformance test runs once per backend through ``backend``.
 
+``minimal`` and ``full`` are
+third-party backends with none and with all of the optional capabilities (backends.py).
 A backend supplies two things (as fsspec's abstract suite does): ``storage(name)``, a fresh
 empty Storage, and ``target(name)``, what a user passes to the public API for the same place
 (a directory path, a URL, or a Storage object). S3 is a real moto server on 127.0.0.1,
@@ -20,9 +22,10 @@ from snapstate.storage.fsspec import FsspecStorage
 from snapstate.storage.local import LocalStorage
 from snapstate.storage.tiers import TieredStorage
 
+from .backends import FullStorage, MinimalStorage
 from .s3 import BUCKET, S3Server, aws_test_credentials, s3_server  # noqa: F401 - fixtures
 
-BACKENDS = ["local", "memory", "s3", "tiered"]
+BACKENDS = ["local", "memory", "s3", "tiered", "minimal", "full"]
 
 
 @dataclass
@@ -34,6 +37,12 @@ class Backend:
 
 def _local(tmp: Path) -> Backend:
     return Backend("local", lambda n: LocalStorage(str(tmp / n)), lambda n: str(tmp / n))
+
+
+def _outside(tmp: Path, name: str) -> Backend:
+    """A third-party backend (backends.py): passed to the API as a Storage object."""
+    make = MinimalStorage if name == "minimal" else FullStorage
+    return Backend(name, lambda n: make(str(tmp / n)), lambda n: make(str(tmp / n)))
 
 
 def _memory() -> Backend:
@@ -70,5 +79,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
         return _local(tmp_path)
     if name == "memory":
         return _memory()
+    if name in ("minimal", "full"):
+        return _outside(tmp_path, name)
     server = request.getfixturevalue("s3_server")
     return _s3(server) if name == "s3" else _tiered(tmp_path, server)

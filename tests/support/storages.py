@@ -12,7 +12,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from snapstate.storage.base import FileWriter, Storage
+from snapstate.storage.base import Capabilities, FileWriter, Storage, capabilities
 
 # The phases a save goes through, in order, as FaultyStorage names them.
 PHASES = (
@@ -36,6 +36,11 @@ class Delegating:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
+
+    def capabilities(self) -> Capabilities:
+        """Only the inner backend's link check: a fast path would bypass what a subclass
+        watches (``read_into``, the writers)."""
+        return Capabilities(link_check=capabilities(self.inner).link_check)
 
 
 class CountingStorage(Delegating):

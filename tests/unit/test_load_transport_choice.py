@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from snapstate.collective.topology import host_count, use_read_once
+from snapstate.collective.topology import host_count
+from snapstate.engine.transport import use_read_once
 
 
 class _Ranks:

@@ -1,7 +1,7 @@
 """One stored chunk's part that a target needs: reading, verifying and selecting its bytes.
 
 Both load transports use these (``engine/load.py`` reads for this rank,
-``collective/loadshare.py`` reads once and sends), so there is one whole-chunk test and one
+``engine/sharedread.py`` reads once and sends), so there is one whole-chunk test and one
 read-and-verify, and neither transport imports the other.
 """
 

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from snapstate.collective.coordinator import Coordinator, gather_or_raise
-from snapstate.collective.loadshare import fail_together, shared_reads, transport_ok
+from snapstate.collective.loadshare import fail_together
 from snapstate.engine.chunkread import (
     ReadTask,
     read_bytes,
@@ -30,7 +30,8 @@ from snapstate.engine.decompress import any_compressed, read_compressed
 from snapstate.engine.mapped import can_map, load_mapped
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
-from snapstate.engine.staging import bits_view, byte_view
+from snapstate.engine.sharedread import shared_reads
+from snapstate.engine.transport import transport_ok
 from snapstate.errors import IncompatibleStateError, SkippedKeys, StateMismatch
 from snapstate.format.dtypes import dtype_from_name, empty_bytes
 from snapstate.format.dtypes import itemsize as dtype_itemsize
@@ -45,7 +46,8 @@ from snapstate.state.restore import (
     matches_nothing,
     plan_restore,
 )
-from snapstate.storage.base import Storage, defines_with
+from snapstate.state.views import bits_view, byte_view
+from snapstate.storage.base import Storage, capabilities
 
 DEFAULT_READ_THREADS = 4
 
@@ -248,16 +250,16 @@ def _cold_whole_chunks(storage: Storage, tasks: list[ReadTask]) -> bool:
 def pages_cached(storage: Storage, tasks: list[ReadTask]) -> bool:
     """Whether the shards' pages look cached: the first, middle and last chunk of each file
     probed (a backend that cannot tell says yes, and keeps the mapped load)."""
-    if not defines_with(storage, "cached", "read_into"):
+    probe = capabilities(storage).page_cache
+    if probe is None:
         return True
     starts: dict[str, list[int]] = {}
     for t in tasks:
         starts.setdefault(t.chunk.file, []).append(t.chunk.start)
-    backend: Any = storage
     for file, offsets in starts.items():
         offsets.sort()
         probes = sorted({offsets[0], offsets[len(offsets) // 2], offsets[-1]})
-        if not backend.cached(file, probes):
+        if not probe.cached(file, probes):
             return False
     return True
 

@@ -20,7 +20,6 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -32,13 +31,14 @@ from snapstate.engine.chunkread import (
     task_itemsize,
     verify,
 )
-from snapstate.engine.readorder import FileReader, open_reader, read_from
-from snapstate.engine.staging import bits_view, copy_threads, host_memory_bytes
+from snapstate.engine.readorder import open_reader, read_from
+from snapstate.engine.staging import copy_threads, host_memory_bytes
 from snapstate.errors import CorruptCheckpointError
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.planning.reshard import covering_span
-from snapstate.storage.base import Storage, defines_with
-from snapstate.storage.local import buffer_address
+from snapstate.state.views import bits_view
+from snapstate.storage.base import FileReader, MappableFiles, Storage, capabilities
+from snapstate.storage.buffers import buffer_address
 
 # A state larger than this fraction of the machine's memory is read the other way: two
 # passes over the page cache are only cheap while the shards stay in it.
@@ -48,10 +48,11 @@ PARALLEL_BYTES = 256 << 20
 
 
 def can_map(storage: Storage, nbytes: int) -> bool:
-    """Whether this backend maps its files (the class's own ``map_file``, see ``defines_with``)
+    """Whether this backend maps its files (``capabilities``: the class's own ``map_file``)
     and the bytes to load fit the page cache comfortably."""
     memory = host_memory_bytes() or 4 << 30  # unknown: be conservative
-    return defines_with(storage, "map_file", "read_into") and nbytes <= memory * MAX_MEMORY_FRACTION
+    mappable = capabilities(storage).mappable is not None
+    return mappable and nbytes <= memory * MAX_MEMORY_FRACTION
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,10 @@ def load_mapped(
     pass, or it raises on every rank), so that no rank writes a target unless all can.
     """
     files = {t.chunk.file for t in tasks}
-    with _mappings(storage, files) as maps, _readers(storage, files) as readers:
+    mappable = capabilities(storage).mappable
+    if mappable is None:
+        raise TypeError(f"{storage!r} does not map its files (see can_map)")
+    with _mappings(mappable, files) as maps, _readers(storage, files) as readers:
         # where each mapping's bytes start (valid while it is open)
         bases = {file: buffer_address(view) for file, view in maps.items()}
         parts = [_locate(t, maps[t.chunk.file], bases[t.chunk.file]) for t in tasks]
@@ -133,14 +137,13 @@ def _readers(storage: Storage, files: set[str]) -> Iterator[dict[str, FileReader
 
 
 @contextmanager
-def _mappings(storage: Storage, files: set[str]) -> Iterator[dict[str, memoryview]]:
+def _mappings(storage: MappableFiles, files: set[str]) -> Iterator[dict[str, memoryview]]:
     maps: dict[str, mmap.mmap] = {}
     views: dict[str, memoryview] = {}
     try:
-        backend: Any = storage
         for file in sorted(files):
             try:
-                maps[file] = backend.map_file(file)
+                maps[file] = storage.map_file(file)
             except FileNotFoundError:
                 raise CorruptCheckpointError("shard file is missing", file=file) from None
             except EOFError as exc:

@@ -19,7 +19,7 @@ from snapstate.errors import CheckpointError, CheckpointIOError
 from snapstate.format.integrity import BlockHasher
 from snapstate.planning.items import PlacedItem, RankPlan
 from snapstate.state.views import GatheredBytes
-from snapstate.storage.base import FileWriter, Storage, defines_with
+from snapstate.storage.base import FileWriter, Storage, vectored_writer
 
 _STOP = object()
 _io_errors: dict[type[OSError], type[CheckpointIOError]] = {}
@@ -55,8 +55,9 @@ def write_gathered(writer: FileWriter, buffers: tuple[memoryview, ...], at: int)
     A wrapper or subclass that changes ``write_at`` (to count or inject faults) gets every
     write through it, as ``engine/readorder.py`` does for reads.
     """
-    if defines_with(writer, "write_many", "write_at"):
-        return writer.write_many(buffers, at)  # type: ignore[attr-defined, no-any-return]
+    vectored = vectored_writer(writer)
+    if vectored is not None:
+        return vectored.write_many(buffers, at)
     offset = at
     for buffer in buffers:
         writer.write_at(buffer, offset)

@@ -13,18 +13,10 @@ from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Protocol
 
 from snapstate.errors import CorruptCheckpointError
 from snapstate.state.views import with_gaps
-from snapstate.storage.base import Storage, defines_with
-
-
-class FileReader(Protocol):
-    def read_into(self, offset: int, out: memoryview) -> None: ...
-
-    def close(self) -> None: ...
-
+from snapstate.storage.base import FileReader, Storage, VectoredReader, capabilities
 
 # Reads of chunks at most this far apart in a file are done by one vectored read (the gap
 # goes to a scratch buffer): a save packs a state's small tensors back to back, and one
@@ -60,15 +52,10 @@ class _PerCallReader:
 
 
 def open_reader(storage: Storage, path: str) -> FileReader:
-    """The backend's own reader, only where it comes with the class's ``read_into``.
-
-    A wrapper (delegating ``__getattr__``) or a subclass that changes ``read_into`` (to count
-    or to inject faults) must see every read, so it gets reads through ``read_into``.
-    """
-    if defines_with(storage, "open_reader", "read_into"):
-        backend: Any = storage
-        return backend.open_reader(path)  # type: ignore[no-any-return]
-    return _PerCallReader(storage, path)
+    """The backend's own reader where it offers one (``capabilities``: only with the class's
+    ``read_into``, so that a wrapper or a subclass that changes ``read_into`` sees every read)."""
+    readers = capabilities(storage).file_readers
+    return readers.open_reader(path) if readers is not None else _PerCallReader(storage, path)
 
 
 def read_in_file_order(storage: Storage, reads: list[DirectRead], threads: int) -> int:
@@ -139,8 +126,7 @@ def _read_batch(reader: FileReader, batch: list[DirectRead]) -> None:
     for r in batch:
         if r.before is not None:
             r.before()
-    read_many = getattr(reader, "read_many", None)
-    if len(batch) == 1 or read_many is None:
+    if len(batch) == 1 or not isinstance(reader, VectoredReader):
         for r in batch:
             _read_one(reader, r)
         return
@@ -152,7 +138,7 @@ def _read_batch(reader: FileReader, batch: list[DirectRead]) -> None:
         lambda n: memoryview(bytearray(n)),
     )
     try:
-        read_many(batch[0].offset, buffers)
+        reader.read_many(batch[0].offset, buffers)
     except (EOFError, FileNotFoundError):
         # Again one by one: the error names the chunk that is cut off. If they all succeed
         # the file changed under the batch; the checks still verify every byte read.

@@ -20,13 +20,14 @@ import torch
 from snapstate.engine.stageplan import BATCH_DTYPES, RunLayout
 from snapstate.errors import CheckpointTimeoutError
 from snapstate.format.dtypes import empty_bytes
-from snapstate.state.views import GatheredBytes, StagedBytes, gathered
-
-# Re-exported: engine/load.py and collective/loadshare.py import them from here.
-from snapstate.state.views import bits_view as bits_view
-from snapstate.state.views import byte_view as byte_view
-from snapstate.state.views import row_pieces as row_pieces
-from snapstate.storage.local import DIRECT_ALIGN
+from snapstate.state.views import (
+    GatheredBytes,
+    StagedBytes,
+    bits_view,
+    byte_view,
+    gathered,
+)
+from snapstate.storage.buffers import DIRECT_ALIGN
 
 DEFAULT_SLAB_BYTES = 64 << 20
 ALIGN = 64

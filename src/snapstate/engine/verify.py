@@ -10,8 +10,7 @@ from snapstate.format.dtypes import safetensors_entry
 from snapstate.format.integrity import verify_blocks
 from snapstate.format.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
 from snapstate.format.shard import MAX_HEADER_BYTES, parse_header
-from snapstate.storage.base import Storage
-from snapstate.storage.local import LocalStorage
+from snapstate.storage.base import Storage, capabilities, read_capped
 
 VERIFY_READ_BYTES = 64 << 20
 
@@ -28,8 +27,8 @@ def read_manifest(storage: Storage, check_files: bool = True) -> Manifest:
 def check_shard_file(storage: Storage, manifest: Manifest, path: str, size: int) -> None:
     """The shard exists inside the checkpoint (no symlink out of it) with the recorded size."""
     keys = None
-    leaves = getattr(storage, "leaves_root", None)
-    if leaves is not None and leaves(path):
+    links = capabilities(storage).link_check
+    if links is not None and links.leaves_root(path):
         keys = keys_in_file(manifest, path)
         raise CorruptCheckpointError("shard file links outside the checkpoint", file=path, key=keys)
     try:
@@ -54,7 +53,7 @@ def read_manifest_bytes(storage: Storage) -> bytes:
     failure is a CheckpointError (a manifest removed between two calls included)."""
     where = f"{storage.root}/{MANIFEST}"
     try:
-        raw = _read_capped(storage)
+        raw = read_capped(storage, MANIFEST, MAX_MANIFEST_BYTES)
     except (FileNotFoundError, NotADirectoryError):
         state = "no such directory" if not storage.exists("") else "no manifest.json: not committed"
         raise CheckpointNotFoundError(
@@ -75,12 +74,6 @@ def read_manifest_bytes(storage: Storage) -> bytes:
             f"manifest is over the {MAX_MANIFEST_BYTES}-byte cap", file=where
         )
     return raw
-
-
-def _read_capped(storage: Storage) -> bytes:
-    if isinstance(storage, LocalStorage):  # wrappers go through read_bytes (and see it)
-        return storage.read_regular(MANIFEST, MAX_MANIFEST_BYTES)
-    return storage.read_bytes(MANIFEST, 0, MAX_MANIFEST_BYTES + 1)
 
 
 def keys_in_file(manifest: Manifest, path: str, most: int = 5) -> str | None:

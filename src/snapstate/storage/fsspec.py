@@ -30,6 +30,8 @@ from typing import Any
 import fsspec
 from fsspec.core import url_to_fs
 
+from snapstate.storage.base import Capabilities
+
 READ_PIECE_BYTES = 64 << 20  # one ranged GET at most; bounds the temporary copy of a large read
 _OBJECT_STORES = {"s3", "s3a", "gs", "gcs", "az", "abfs", "abfss", "adl", "oss", "r2"}
 
@@ -169,6 +171,10 @@ class FsspecStorage:
         except BaseException:
             self._remove_full(tmp)
             raise
+
+    def capabilities(self) -> Capabilities:
+        """A conditional create where the file system is S3 (``create_new``); nothing else."""
+        return Capabilities(creates_new=self if hasattr(self.fs, "call_s3") else None)
 
     def create_new(self, path: str, data: bytes) -> None:
         """One conditional PUT (``If-None-Match: *``) on S3: the store refuses it with 412,

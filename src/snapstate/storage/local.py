@@ -10,15 +10,13 @@ import stat
 import sys
 from collections.abc import Callable
 
-import numpy as np
-
 from snapstate.storage.atomic import create_new_local, write_atomic_local
+from snapstate.storage.base import Capabilities
+from snapstate.storage.buffers import DIRECT_ALIGN as DIRECT_ALIGN
+from snapstate.storage.buffers import buffer_address as buffer_address
 
 WRITEBACK_MIN_BYTES = 1 << 20  # smaller writes are left to the kernel's own writeback
 IOV_MAX = 1024  # buffers per vectored write (Linux's limit)
-# O_DIRECT wants the buffer's address, the file offset and the length in whole logical blocks
-# of the device; a page is a whole number of them on every common disk.
-DIRECT_ALIGN = 4096
 DIRECT_MIN_BYTES = 1 << 20  # a smaller write is not worth a second descriptor
 _O_DIRECT: int | None = getattr(os, "O_DIRECT", None)
 
@@ -51,11 +49,6 @@ def _writeback_starter() -> Callable[[int, int, int], None] | None:
 
 
 _start_writeback = _writeback_starter()
-
-
-def buffer_address(data: memoryview) -> int:
-    """The address of the first byte of a contiguous buffer (0 when it is empty)."""
-    return int(np.frombuffer(data, np.uint8).__array_interface__["data"][0]) if len(data) else 0
 
 
 def direct_span(address: int, offset: int, nbytes: int) -> tuple[int, int] | None:
@@ -246,6 +239,22 @@ class LocalStorage:
         full = self._full(path)
         os.makedirs(os.path.dirname(full), exist_ok=True)
         return LocalFileWriter(full, direct=self.direct_io)
+
+    def capabilities(self) -> Capabilities:
+        """Every capability; the fast paths past ``read_into`` (or ``read_bytes``) only while
+        that method is this class's: a subclass that overrides it, to count reads or inject
+        faults, sees every read go through it."""
+        reads = self if type(self).read_into is LocalStorage.read_into else None
+        regular = self if type(self).read_bytes is LocalStorage.read_bytes else None
+        return Capabilities(
+            mappable=reads,
+            file_readers=reads,
+            page_cache=reads,
+            link_check=self,
+            regular_reads=regular,
+            renames=self,
+            creates_new=self,
+        )
 
     def open_reader(self, path: str) -> LocalFileReader:
         """One open file for many positional reads (see engine/readorder.py for why)."""
