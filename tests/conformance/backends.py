@@ -177,3 +177,9 @@ class FullStorage(MinimalStorage):
 
     def rename(self, src: str, dst: str) -> None:
         os.rename(self._full(src), self._full(dst))
+
+    def create_new(self, path: str, data: bytes) -> None:
+        full = self._full(path)
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "xb") as f:  # FileExistsError when the name is taken
+            f.write(data)

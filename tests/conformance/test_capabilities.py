@@ -45,6 +45,7 @@ def test_a_subclass_that_changes_a_base_method_loses_what_replaces_it(tmp_path: 
         "link_check",
         "regular_reads",
         "renames",
+        "creates_new",
     }
 
 
