@@ -5,9 +5,6 @@ real moto server). Issue 31 item 10: on S3 both took the lock in 8 of 20 races."
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -15,26 +12,15 @@ from typing import Any
 import pytest
 
 from conformance.s3 import BUCKET, S3Server, aws_test_credentials, s3_server  # noqa: F401
+from support.procs import JsonLinesChild
 
 CHILD = str(Path(__file__).with_name("lock_racer.py"))
 ROUNDS = 8
 
 
-class Racer:
-    def __init__(self, work: Path, root: str, options: dict[str, Any]) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        args = [sys.executable, CHILD, str(work), root, str(ROUNDS), json.dumps(options)]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
-
-    def line(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        text = self.proc.stdout.readline()
-        assert text, f"racer exited with {self.proc.wait()}"
-        return json.loads(text)
-
-
 def _race(work: Path, root: str, options: dict[str, Any]) -> list[list[str]]:
-    racers = [Racer(work, root, options) for _ in range(2)]
+    args = (str(work), root, str(ROUNDS), json.dumps(options))
+    racers = [JsonLinesChild(CHILD, *args) for _ in range(2)]
     outcomes = []
     try:
         for r in range(ROUNDS):
@@ -47,8 +33,7 @@ def _race(work: Path, root: str, options: dict[str, Any]) -> list[list[str]]:
             assert racer.proc.wait(timeout=60) == 0
     finally:
         for racer in racers:
-            racer.proc.kill()
-            racer.proc.wait()
+            racer.close()
     return outcomes
 
 

@@ -6,42 +6,25 @@ the last commit wins; either way the committed checkpoint is one whole save that
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 import torch
 
 import snapstate as ss
+from support.procs import JsonLinesChild
 
 from .racing_saver import state_of
 
 CHILD = str(Path(__file__).with_name("racing_saver.py"))
 
 
-class Saver:
-    def __init__(self, work: Path, who: int, rounds: int, overwrite: bool) -> None:
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
-        args = [sys.executable, CHILD, str(work), str(who), str(rounds), "1" if overwrite else "0"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.PIPE, text=True, env=env)
-
-    def line(self) -> dict[str, Any]:
-        assert self.proc.stdout is not None
-        text = self.proc.stdout.readline()
-        assert text, f"saver exited with {self.proc.wait()}"
-        return json.loads(text)
-
-    def close(self) -> None:
-        self.proc.kill()
-        self.proc.wait()
+def _saver(work: Path, who: int, rounds: int, overwrite: bool) -> JsonLinesChild:
+    return JsonLinesChild(CHILD, str(work), str(who), str(rounds), "1" if overwrite else "0")
 
 
 def _race(work: Path, rounds: int, overwrite: bool) -> list[list[str]]:
-    savers = [Saver(work, who, rounds, overwrite) for who in (1, 2)]
+    savers = [_saver(work, who, rounds, overwrite) for who in (1, 2)]
     outcomes = []
     try:
         for r in range(rounds):

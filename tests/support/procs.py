@@ -1,4 +1,5 @@
-"""Child processes for tests: a server that answers JSON lines, waiting, reaping a process group."""
+"""Child processes for tests: a server that answers JSON lines, a child that reports them,
+waiting, reaping a process group."""
 
 from __future__ import annotations
 
@@ -82,3 +83,24 @@ class LineServer:
             self.proc.wait()
         if self.proc.stdout is not None:
             self.proc.stdout.close()
+
+
+class JsonLinesChild:
+    """``python SCRIPT ARGS...`` with this process's import path; ``line()`` reads its next report."""
+
+    def __init__(self, script: str, *args: str) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        self.name = os.path.basename(script)
+        self.proc = subprocess.Popen(
+            [sys.executable, script, *args], stdout=subprocess.PIPE, text=True, env=env
+        )
+
+    def line(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        text = self.proc.stdout.readline()
+        assert text, f"{self.name} exited with {self.proc.wait()}"
+        return json.loads(text)
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
