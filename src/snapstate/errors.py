@@ -24,6 +24,7 @@ Errors about the state the caller passes (a leaf that cannot be saved) are plain
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 
@@ -60,12 +61,25 @@ class UnsupportedFormatError(CorruptCheckpointError):
     """The manifest names a format or version this library cannot read."""
 
 
+class MismatchKind(enum.Enum):
+    """What sort of difference a StateMismatch is: callers branch on it, not on the text."""
+
+    MISSING = "missing"  # the target asks for a key the checkpoint lacks
+    DIFFERS = "differs"  # both hold the key and disagree: type, shape, dtype or structure
+    REFUSED = "refused"  # per-rank state this load was told not to read
+
+
 @dataclass
 class StateMismatch:
     """One difference between a target state and a checkpoint."""
 
     key: str
     problem: str
+    kind: MismatchKind = MismatchKind.DIFFERS
+
+    @classmethod
+    def missing(cls, key: str) -> StateMismatch:
+        return cls(key, "missing in checkpoint", MismatchKind.MISSING)
 
 
 class IncompatibleStateError(CheckpointError, ValueError):
@@ -82,7 +96,7 @@ class IncompatibleStateError(CheckpointError, ValueError):
 
     @property
     def missing(self) -> list[str]:
-        return [m.key for m in self.mismatches if m.problem.startswith("missing")]
+        return [m.key for m in self.mismatches if m.kind is MismatchKind.MISSING]
 
 
 class ReplicaMismatchError(CheckpointError, ValueError):

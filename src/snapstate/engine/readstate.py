@@ -104,7 +104,7 @@ def _unread(
                 )
             )
         elif not _planned(value, key):
-            problems.append(StateMismatch(key, "missing in checkpoint"))
+            problems.append(StateMismatch.missing(key))
     return problems
 
 

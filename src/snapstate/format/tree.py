@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Container
 from typing import Any
 
-from snapstate.state.typed import ATOM_TAGS, CHILD_TAGS, atom_problem
+from snapstate.format.atoms import ATOM_TAGS, CHILD_TAGS, atom_problem
 
 FLOAT_NAMES = ("nan", "inf", "-inf")
 NUMPY_KINDS = ("ndarray", "npscalar")

@@ -14,7 +14,7 @@ def mismatches(
     prefix: str, want: Mapping[str, Any], got: Mapping[str, Any], extra_ok: bool = False
 ) -> list[StateMismatch]:
     """Differences between the target's arrays ``want`` and the checkpoint's ``got``."""
-    out = [StateMismatch(f"{prefix}/{k}", "missing in checkpoint") for k in want if k not in got]
+    out = [StateMismatch.missing(f"{prefix}/{k}") for k in want if k not in got]
     if not extra_ok:
         out += [StateMismatch(f"{prefix}/{k}", "not in the target") for k in got if k not in want]
     for key in want.keys() & got.keys():

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler
 
-from snapstate.data import ElasticSampler, WorkerRNG
 from snapstate.state.rng import RNGState
+from snapstate.state.samplers import ElasticSampler, WorkerRNG
 
 GENERATORS = "snapstate_generators"  # key added to torchdata's state dict
 _warned: set[str] = set()

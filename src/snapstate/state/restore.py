@@ -22,6 +22,7 @@ from snapstate.errors import (
     StateMismatch,
     StateRestoreError,
 )
+from snapstate.format.atoms import ATOM_TAGS, decode_atom
 from snapstate.format.dtypes import empty_tensor
 from snapstate.format.manifest import MANIFEST
 from snapstate.format.tree import MAX_TREE_DEPTH
@@ -29,7 +30,7 @@ from snapstate.state.dtensor import allocate_like, optimizer_templates
 from snapstate.state.flatten import Node, is_rank_local, join_key, shorten_path
 from snapstate.state.loaders import is_loader, load_into, restore_template, state_of
 from snapstate.state.stateful import is_stateful
-from snapstate.state.typed import ATOM_TAGS, decode_atom, enum_class, enum_member
+from snapstate.state.typed import enum_class, enum_member
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,7 @@ def _restore_dict(
         target = {}
     for key in list(target):
         if key not in stored:
-            walk.plan.mismatches.append(StateMismatch(join_key(path, key), "missing in checkpoint"))
+            walk.plan.mismatches.append(StateMismatch.missing(join_key(path, key)))
     for key, child in stored.items():
         sub = join_key(path, key)
         if key in target:

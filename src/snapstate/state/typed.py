@@ -15,7 +15,7 @@ import argparse
 import datetime as dt
 import enum
 import sys
-from pathlib import Path, PurePath, PurePosixPath, PureWindowsPath
+from pathlib import Path, PurePath, PureWindowsPath
 from typing import Any
 
 import torch
@@ -34,13 +34,6 @@ TYPED_BASES = (
     set,
     frozenset,
 )
-ATOM_TAGS = frozenset({"dtype", "device", "size", "path", "datetime", "date", "time", "timedelta"})
-CHILD_TAGS = frozenset({"set", "frozenset", "namespace", "enum"})
-_PATHS: dict[str, type[PurePath]] = {
-    "Path": Path,
-    "PurePosixPath": PurePosixPath,
-    "PureWindowsPath": PureWindowsPath,
-}
 
 
 def atom_payload(obj: Any, path: str) -> tuple[str, Any] | None:
@@ -85,41 +78,6 @@ def container_parts(obj: Any) -> tuple[str, Any, str | None]:
         return "namespace", dict(vars(obj)), None
     tag = "frozenset" if isinstance(obj, frozenset) else "set"
     return tag, sorted(obj, key=lambda v: (type(v).__name__, repr(v))), None
-
-
-def decode_atom(tag: str, payload: Any) -> Any:
-    """The value of a validated atom node (``format/tree.py`` checked its payload's shape)."""
-    if tag == "dtype":
-        return dtype_named(payload)
-    if tag == "device":
-        return torch.device(payload)
-    if tag == "size":
-        return torch.Size(payload)
-    if tag == "path":
-        return _PATHS[payload[0]](payload[1])
-    if tag == "datetime":
-        return dt.datetime.fromisoformat(payload)
-    if tag == "time":
-        return dt.time.fromisoformat(payload)
-    if tag == "date":
-        return dt.date.fromisoformat(payload)
-    return dt.timedelta(days=payload[0], seconds=payload[1], microseconds=payload[2])
-
-
-def dtype_named(name: Any) -> torch.dtype:
-    value = getattr(torch, name, None) if isinstance(name, str) else None
-    if not isinstance(value, torch.dtype):
-        raise ValueError(f"{name!r} is not a torch dtype")
-    return value
-
-
-def atom_problem(tag: str, payload: Any) -> str | None:
-    """What is wrong with an atom node's payload (untrusted input), or None."""
-    try:
-        decode_atom(tag, payload)
-    except Exception as exc:  # noqa: BLE001 - untrusted input: any failure is a bad payload
-        return f"{tag} value {payload!r} is invalid: {exc}"[:200]
-    return None
 
 
 def enum_class(class_path: str, target: Any) -> type[enum.Enum] | None:
