@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from snapstate.collective.coordinator import default_coordinator
 from snapstate.collective.loadshare import fail_together
+from snapstate.collective.topology import host_count
 from snapstate.engine.background import wait_until_idle
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
@@ -17,7 +18,6 @@ from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.options import SaveOptions, with_keywords
 from snapstate.engine.save import start_save
 from snapstate.engine.staging import HostBufferPool
-from snapstate.engine.transport import use_read_once
 from snapstate.engine.verify import VerifyReport, read_manifest, verify_checkpoint
 from snapstate.errors import CheckpointError
 from snapstate.format.manifest import Manifest
@@ -133,17 +133,20 @@ def load(
     Collective when torch.distributed is initialized: with ``read_once=True`` bytes that
     several ranks need (replicated tensors) are read by one rank and sent to the others;
     ``read_once=False`` lets every rank read what it needs for itself; the default (None)
-    reads once only when the ranks span several hosts (see ``collective/topology.py``).
+    reads once only when the ranks span several hosts (see ``engine/transport.py``).
+    ``timeout`` (seconds) bounds every wait of the load for the other ranks: a rank that does
+    not take part in time (stopped, hung, dead) is a CheckpointTimeoutError on the others,
+    whose state is left as it was; None waits as long as the process group does.
     """
     storage = storage_for(path)
     coord = default_coordinator(process_group)
-    shared = use_read_once(coord, read_once)
+    hosts = host_count(coord, timeout)  # one gather per process group, then cached
     with gc_paused():  # the manifest's objects would otherwise trigger full collections
         try:
             manifest = read_manifest(storage)
         except CheckpointError as exc:
             if coord.world_size > 1:  # the others are entering the load's collective: fail them
-                fail_together(coord, exc)
+                fail_together(coord, exc, timeout)
             raise
         rank = coord.rank if rank_local == "load" else None
         refusal = None
@@ -157,8 +160,10 @@ def load(
             rank,
             strict=strict,
             coord=coord,
-            read_once=shared,
+            read_once=read_once,
+            hosts=hosts,
             rank_local_refusal=refusal,
+            timeout=timeout,
         )
 
 

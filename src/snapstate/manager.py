@@ -13,7 +13,7 @@ import re
 from typing import Any
 
 from snapstate import api
-from snapstate.collective.coordinator import Coordinator, default_coordinator
+from snapstate.collective.coordinator import Coordinator, default_coordinator, gather_within
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.options import SaveOptions, with_keywords
 from snapstate.errors import (
@@ -42,7 +42,8 @@ class CheckpointManager:
 
     ``keep_last`` newest and every ``keep_every``-th step are kept; others are deleted only
     after a newer checkpoint has committed. ``async_save=True`` makes ``save`` return after
-    staging; at most one save is in flight and the next ``save`` waits for it.
+    staging; at most one save is in flight and the next ``save`` waits for it. ``timeout``
+    (seconds) bounds every wait for the other ranks, in saves and in ``restore``.
     """
 
     def __init__(
@@ -117,10 +118,12 @@ class CheckpointManager:
         """
         self.wait()
         if step is not None:
-            api.load(state, self.path(step), strict=strict, process_group=self.process_group)
+            api.load(state, self.path(step), strict=strict, **self._load_options())
             return step
         steps = (
-            self.steps() if self.coord.world_size == 1 else self.coord.all_gather(self.steps())[0]
+            self.steps()
+            if self.coord.world_size == 1
+            else gather_within(self.coord, self.steps(), self.options.timeout)[0]
         )
         # rank 0's listing: every rank tries the same steps in the same order
         for candidate in reversed(steps):
@@ -177,13 +180,14 @@ class CheckpointManager:
         """
         refused: StateRestoreError | None = None
         try:
-            api.load(state, self.path(step), strict=strict, process_group=self.process_group)
+            api.load(state, self.path(step), strict=strict, **self._load_options())
             outcome: tuple[str, bool, bool] = ("", False, False)
         except StateRestoreError as exc:
             refused, outcome = exc, (f"{type(exc).__name__}: {exc}", False, True)
         except (CheckpointError, OSError) as exc:
             outcome = (f"{type(exc).__name__}: {exc}", _is_damage(exc), False)
-        gathered = self.coord.all_gather(outcome)
+        # bounded: a rank that stopped is a CheckpointTimeoutError, not a wait for the group's
+        gathered = gather_within(self.coord, outcome, self.options.timeout)
         if refused is not None:
             raise refused
         if any(was_refused for _, _, was_refused in gathered):
@@ -193,6 +197,9 @@ class CheckpointManager:
         if not failures:
             return None, False
         return failures[0][0], any(bool(damaged) for _, damaged, _ in failures)
+
+    def _load_options(self) -> dict[str, Any]:
+        return {"process_group": self.process_group, "timeout": self.options.timeout}
 
     def _set_aside(self, step: int) -> None:
         """Take a damaged step out of the run, keeping its bytes: ``step-N.corrupt`` on local

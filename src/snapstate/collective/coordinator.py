@@ -105,7 +105,7 @@ def gather_or_raise(
         outcome = ("error", (f"{type(exc).__name__}: {exc}", traceback.format_exc()))
     if coord.world_size == 1 and mine is not None:
         raise mine
-    gathered = _all_gather(coord, outcome, timeout)
+    gathered = gather_within(coord, outcome, timeout)
     if mine is not None:
         raise mine
     failures = [RankFailure(r, o[1][0], o[1][1]) for r, o in enumerate(gathered) if o[0] == "error"]
@@ -114,7 +114,8 @@ def gather_or_raise(
     return [o[1] for o in gathered]
 
 
-def _all_gather(coord: Coordinator, obj: Any, timeout: float | None) -> list[Any]:
+def gather_within(coord: Coordinator, obj: Any, timeout: float | None) -> list[Any]:
+    """``all_gather``, bounded by ``timeout`` where the coordinator can bound it."""
     if timeout is not None and coord.world_size > 1:
         bounded = getattr(coord, "all_gather_within", None)
         if bounded is not None:

@@ -31,8 +31,15 @@ from snapstate.engine.mapped import can_map, load_mapped
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
 from snapstate.engine.sharedread import shared_reads
-from snapstate.engine.transport import transport_ok
-from snapstate.errors import IncompatibleStateError, SkippedKeys, StateMismatch
+from snapstate.engine.transport import (
+    LoadFacts,
+    LoadRoute,
+    Transport,
+    Undo,
+    choose_route,
+    gloo_backend,
+)
+from snapstate.errors import IncompatibleStateError, MismatchKind, SkippedKeys, StateMismatch
 from snapstate.format.dtypes import dtype_from_name, empty_bytes
 from snapstate.format.dtypes import itemsize as dtype_itemsize
 from snapstate.format.manifest import Manifest, TensorRecord
@@ -85,68 +92,108 @@ def load_into(
     strict: bool,
     threads: int = DEFAULT_READ_THREADS,
     coord: Coordinator | None = None,
-    read_once: bool = True,
+    read_once: bool | None = True,
+    hosts: int = 1,
     rank_local_refusal: str | None = None,
+    timeout: float | None = None,
 ) -> LoadResult:
     """Fill ``state`` in place. ``rank=None`` skips rank-local state, or refuses the
     rank-local keys the target asks for with ``rank_local_refusal`` as the reason.
 
-    With a coordinator of several ranks and ``read_once``, bytes that several ranks need are
-    read by one of them and sent to the others. With several ranks the load is a collective
-    either way: the ranks agree that every read succeeded, so a corrupt or refused checkpoint
-    raises on every rank and leaves every rank's state as it was.
+    With a coordinator of several ranks the load is a collective: the ranks agree that every
+    read succeeded, so a corrupt or refused checkpoint raises on every rank and leaves every
+    rank's state as it was; ``timeout`` bounds each wait for the others. ``read_once`` and
+    ``hosts`` (the machines the ranks span) choose whether shared bytes are read by one rank
+    and sent on (``engine/transport.py``). The steps: plan, choose the route, move the bytes,
+    finish (containers, Stateful objects), each undone if a later one fails.
     """
     started = time.perf_counter()
-    together = coord is not None and coord.world_size > 1
-    shared = together and read_once and transport_ok(coord)  # type: ignore[arg-type]
-    find = records_for(manifest, rank)
-    try:
-        plan = _plan(state, manifest, rank, find, strict, storage.root, rank_local_refusal)
-        per_read = tasks_per_read(plan.reads, find)
-        tasks = [t for ts in per_read for t in ts]
-    except Exception as exc:
-        if together:  # the others are entering the load's first gather: fail them too
-            fail_together(coord, exc)  # type: ignore[arg-type]
-        raise
-    result = LoadResult(
-        storage.root,
-        skipped=SkippedKeys(
-            missing=[m.key for m in plan.mismatches if m.problem.startswith("missing")],
-            mismatched=plan.mismatches,
-        ),
+    group = coord if coord is not None and coord.world_size > 1 else None
+    planned = _plan_or_fail(
+        state, storage.root, manifest, rank, strict, rank_local_refusal, group, timeout
     )
-    # Mapped shards are verified before any target is written: nothing to put back. Cold
-    # pages too: the copies a rollback keeps go to fresh host memory, whose first touch cost
-    # 4-7x a copy into allocated memory here (512 MiB cold: mapped 1.08-1.18x a raw read,
-    # in place with copies made while the disk reads 1.28-2.4x).
-    nbytes = sum(t.chunk.end - t.chunk.start for t in tasks)
-    # compressed chunks are decoded on the own-reads path (neither mapped nor sent on)
-    compressed = any_compressed(manifest)
-    shared = shared and not compressed
-    mapped = not shared and not compressed and can_map(storage, nbytes)
-    waits: list[Callable[[], None]] | None = None
-    # A user's load_state_dict may raise after the reads: then the tensors go back too
-    keep_copies = not mapped or plan.untrusted_stateful()
-    if not shared and not mapped and _cold_whole_chunks(storage, tasks):
-        # Too large to map: the copies are made while the disk reads, not all before it.
-        rollback, waits = _rollback_ahead(plan.reads, per_read)
-    else:
-        rollback = Rollback(plan.reads if keep_copies else [])
+    route = choose_route(_facts(planned, storage, manifest, group, read_once, hosts), timeout)
+    rollback, waits = _undo(route.undo, planned)
+    result = LoadResult(storage.root, skipped=skipped_keys(planned.plan))
     try:
-        _transfer(
-            storage, tasks, threads, coord if together else None, shared, result, mapped, waits
-        )
+        _transfer(storage, planned.tasks, threads, group, route, result, waits)
     except BaseException:
         rollback.restore()  # a failed load leaves the caller's tensors as they were
         raise
     try:
         # after the reads: a corrupt checkpoint leaves the containers as they were; a
         # load_state_dict that raises leaves everything as it was (StateRestoreError)
-        plan.finish(rollback.restore, reads_undone=keep_copies)
+        planned.plan.finish(rollback.restore, reads_undone=route.undo is not Undo.NOTHING)
     finally:
         rollback.discard()
     result.seconds = time.perf_counter() - started
     return result
+
+
+@dataclass(frozen=True)
+class _Planned:
+    """A load's plan and the reads it takes: each request's tasks, and all of them."""
+
+    plan: RestorePlan
+    per_read: list[list[ReadTask]]
+    tasks: list[ReadTask]
+
+
+def _plan_or_fail(
+    state: Any,
+    root: str,
+    manifest: Manifest,
+    rank: int | None,
+    strict: bool,
+    rank_local_refusal: str | None,
+    group: Coordinator | None,
+    timeout: float | None,
+) -> _Planned:
+    """The plan, or its error raised on every rank: the others are entering the load's
+    first gather, and fail with it instead of waiting."""
+    find = records_for(manifest, rank)
+    try:
+        plan = _plan(state, manifest, rank, find, strict, root, rank_local_refusal)
+        per_read = tasks_per_read(plan.reads, find)
+    except Exception as exc:
+        if group is not None:
+            fail_together(group, exc, timeout)
+        raise
+    return _Planned(plan, per_read, [t for ts in per_read for t in ts])
+
+
+def _facts(
+    planned: _Planned,
+    storage: Storage,
+    manifest: Manifest,
+    group: Coordinator | None,
+    read_once: bool | None,
+    hosts: int,
+) -> LoadFacts:
+    nbytes = sum(t.chunk.end - t.chunk.start for t in planned.tasks)
+    return LoadFacts(
+        ranks=group.world_size if group is not None else 1,
+        hosts=hosts,
+        gloo=group is None or gloo_backend(group),
+        read_once=read_once,
+        compressed=any_compressed(manifest),
+        mappable=can_map(storage, nbytes),
+        untrusted_stateful=planned.plan.untrusted_stateful(),
+        cold_whole_chunks=lambda: _cold_whole_chunks(storage, planned.tasks),
+    )
+
+
+def _undo(undo: Undo, planned: _Planned) -> tuple[Rollback, list[Callable[[], None]] | None]:
+    """The rollback the route asks for, and for copies made ahead each task's wait."""
+    if undo is Undo.COPIES_AHEAD:
+        return _rollback_ahead(planned.plan.reads, planned.per_read)
+    return Rollback(planned.plan.reads if undo is Undo.COPIES else []), None
+
+
+def skipped_keys(plan: RestorePlan) -> SkippedKeys:
+    """What a non-strict load leaves untouched: keys the checkpoint lacks, and differences."""
+    missing = [m.key for m in plan.mismatches if m.kind is MismatchKind.MISSING]
+    return SkippedKeys(missing=missing, mismatched=plan.mismatches)
 
 
 def _plan(
@@ -165,7 +212,7 @@ def _plan(
     )
     plan = plan_restore(state, manifest.tree, stored_lookup(find), rl_trees)
     problems = (
-        [StateMismatch(key, rank_local_refusal) for key in plan.skipped]
+        [StateMismatch(key, rank_local_refusal, MismatchKind.REFUSED) for key in plan.skipped]
         if rank_local_refusal
         else []
     )
@@ -180,34 +227,44 @@ def _transfer(
     storage: Storage,
     tasks: list[ReadTask],
     threads: int,
-    coord: Coordinator | None,
-    shared: bool,
+    group: Coordinator | None,
+    route: LoadRoute,
     result: LoadResult,
-    mapped: bool,
     waits: list[Callable[[], None]] | None = None,
 ) -> None:
-    """Move the bytes by one of the transports (read once and send, mapped, or read in
-    place, each task first calling its ``waits`` entry); with several ranks, fail on all or
-    none."""
-    if shared:  # agrees on the reads' outcome itself, before any byte moves
-        stats = shared_reads(coord, storage, tasks, threads)  # type: ignore[arg-type]
+    """Move the bytes by the route's transport (each task first calling its ``waits``
+    entry); with several ranks, fail on all or none."""
+    if route.transport is Transport.READ_ONCE and group is not None:
+        # agrees on the reads' outcome itself, before any byte moves
+        stats = shared_reads(group, storage, tasks, threads, timeout=route.timeout)
         result.bytes_read, result.bytes_received = stats.bytes_read, stats.bytes_received
         return
-    if mapped:  # every rank's checks pass (a gather) before any rank writes a target
-
-        def agree(check: Callable[[], None]) -> None:
-            gather_or_raise(coord, check)  # type: ignore[arg-type]
-
-        result.bytes_read = load_mapped(storage, tasks, threads, agree if coord else None)
-        return
-    if coord is None:
-        result.bytes_read = run_reads(storage, tasks, threads, waits)
+    if route.transport is Transport.MAPPED:
+        # every rank's checks pass (a gather) before any rank writes a target
+        result.bytes_read = load_mapped(storage, tasks, threads, _agreement(group, route.timeout))
         return
 
-    def read_all() -> None:  # an error here is raised on every rank by the gather
+    def read_all() -> None:  # with several ranks an error here is raised on every rank
         result.bytes_read = run_reads(storage, tasks, threads, waits)
 
-    gather_or_raise(coord, read_all)
+    if group is None:
+        read_all()
+    else:
+        gather_or_raise(group, read_all, route.timeout)
+
+
+def _agreement(
+    group: Coordinator | None, timeout: float | None
+) -> Callable[[Callable[[], None]], None] | None:
+    """For several ranks: run a check here and raise any rank's failure on all of them."""
+    if group is None:
+        return None
+    ranks = group
+
+    def agree(check: Callable[[], None]) -> None:
+        gather_or_raise(ranks, check, timeout)
+
+    return agree
 
 
 def stored_lookup(

@@ -70,9 +70,12 @@ def shared_reads(
     tasks: list[ReadTask],
     threads: int,
     batch_bytes: int = DEFAULT_BATCH_BYTES,
+    timeout: float | None = None,
 ) -> SharedLoadStats:
+    """Read this rank's share of the bytes the ranks need, agree every read passed, then send
+    and receive the rest; every wait for another rank bounded by ``timeout``."""
     needs = group_needs(tasks)
-    gathered = gather_or_raise(coord, lambda: list(needs))
+    gathered = gather_or_raise(coord, lambda: list(needs), timeout)
     plan = plan_reads(gathered, batch_bytes)
     stats = SharedLoadStats()
     mine = [needs[s] for s in plan.reads_for(coord.rank, list(needs))]
@@ -84,12 +87,13 @@ def shared_reads(
             threads,
         )
 
-    gather_or_raise(coord, read_mine)
+    gather_or_raise(coord, read_mine, timeout)
     stats.bytes_received += send_batches(
         coord,
         plan,
         lambda batch, sending: _batch_buffer(batch, needs, sending),
         lambda batch, buffer: _scatter(buffer, batch, needs),
+        timeout,
     )
     for need in needs.values():
         if need.span in plan.readers:
