@@ -22,7 +22,6 @@ import os
 import signal
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,12 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 
 import snapstate as ss
 from snapstate.integrations.transformers import SnapstateTrainer
+
+# Run as a script, this file finds the shared support where the tests do: tests/ on the path.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+from support.integrations import exit_after, run_job  # noqa: E402
 
 
 class Tiny(torch.nn.Module):
@@ -127,23 +132,11 @@ def main(config: dict[str, Any]) -> None:
 
 
 def child(config: dict[str, Any]) -> None:
-    log = os.open(Path(config["out"]) / "run.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    code = 0
-    try:
+    def body() -> None:
         torch.set_num_threads(1)  # the machine is shared
-        if "script" in config:  # a recipe of docs/integrations.md, run as written
-            os.chdir(config["out"])
-            exec(compile(config["script"], "recipe.py", "exec"), {"__name__": "__main__"})
-        else:
-            main(config)
-    except BaseException:  # noqa: BLE001 - reported through the exit code and the log
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        run_job(config, main)
+
+    exit_after(Path(config["out"]) / "run.log", body)
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:

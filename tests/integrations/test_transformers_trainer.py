@@ -19,7 +19,7 @@ import pytest
 
 import snapstate as ss
 from support.bits import assert_tree_equal
-from support.integrations import needs, recipe
+from support.integrations import needs, recipe, trainer_server
 from support.procs import LineServer
 
 pytestmark = needs("transformers")
@@ -32,9 +32,7 @@ CHECKPOINT_FILES = ["manifest.json", "shards", "trainer_state.json"]  # no .pth,
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LineServer]:
-    s = LineServer(SERVER, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    yield s
-    s.close()
+    yield from trainer_server(SERVER)
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,6 @@ import dataclasses
 import json
 import os
 import shutil
-import threading
 from typing import TYPE_CHECKING, Any
 
 from transformers import Trainer
@@ -73,8 +72,7 @@ class SnapstateTrainerMixin:
         super().__init__(*args, **kwargs)
         self.snapstate_async = snapstate_async
         self.snapstate_options = snapstate_options
-        self._pending: threading.Thread | None = None
-        self._error: BaseException | None = None
+        self._in_flight = _publish.InFlight()
 
     # ---- saving ----
 
@@ -108,26 +106,11 @@ class SnapstateTrainerMixin:
             publish()
             return
         handle = ss.async_save(state, target, overwrite=True, options=self.snapstate_options)
-        self._pending = threading.Thread(
-            target=self._publish_when_committed, args=(handle, publish)
-        )
-        self._pending.start()
+        self._in_flight.start(handle, publish)
 
     def wait_for_checkpoint(self) -> None:
         """Block until the save in flight is committed and published (raises its error)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.join()
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def _publish_when_committed(self, handle: ss.SaveHandle, publish: _Publication) -> None:
-        try:
-            handle.wait()
-            publish()
-        except BaseException as exc:  # noqa: BLE001 - raised again by wait_for_checkpoint
-            self._error = exc
+        self._in_flight.wait()
 
     def _checkpoint_state(self) -> dict[str, Any]:
         """What a resume needs, as snapstate state: the values of this moment."""
