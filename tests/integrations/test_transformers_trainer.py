@@ -16,6 +16,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 import snapstate as ss
 from support.bits import assert_tree_equal
@@ -182,3 +183,22 @@ def test_the_documented_recipe_runs_as_written_and_resumes(server: LineServer, w
     assert checkpoints(run) == ["checkpoint-12", "checkpoint-16"]
     assert manifest.stat().st_mtime_ns == written  # resumed at the end: nothing saved again
     assert_tree_equal(first, ss.read_state(run / "checkpoint-16"))
+
+
+def test_the_model_of_a_trainer_checkpoint_exports_to_from_pretrained(tmp_path: Path) -> None:
+    from transformers import TrainingArguments
+
+    from integrations.test_hf_export import _load_and_compare, _tiny_gpt2
+    from snapstate.integrations.transformers import SnapstateTrainer
+
+    model = _tiny_gpt2().train()
+    tokens = torch.randint(0, 101, (8, 16), generator=torch.Generator().manual_seed(2))
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"), max_steps=2, save_steps=2, report_to="none", use_cpu=True
+    )
+    data = [{"input_ids": row, "labels": row} for row in tokens]
+    SnapstateTrainer(model=model, args=args, train_dataset=data).train()
+    model.config.save_pretrained(tmp_path / "cfg")
+    config = tmp_path / "cfg" / "config.json"
+    ss.export_hf(tmp_path / "out" / "checkpoint-2", tmp_path / "hf", key="model", config=config)
+    _load_and_compare(model.eval(), tmp_path / "hf")  # the trained weights, bitwise logits
