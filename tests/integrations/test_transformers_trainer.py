@@ -95,6 +95,12 @@ def test_killed_mid_epoch_and_resumed_from_the_last_is_bitwise(
     assert_resumed_bitwise(reference, killed, resumed, start=3)
 
 
+def test_blocking_saves_resume_bitwise_too(server: LineServer, work: Path, reference: Path) -> None:
+    killed = train(server, work / "blocking", KILLED, kill_at=5, blocking=True)
+    resumed = resume(server, killed, work / "blocking-resumed", resume=True, blocking=True)
+    assert_resumed_bitwise(reference, killed, resumed, start=3)
+
+
 def test_killed_after_an_epoch_and_resumed_from_a_path_is_bitwise(
     server: LineServer, work: Path, reference: Path
 ) -> None:
