@@ -1,15 +1,16 @@
-"""A tiny Hugging Face Trainer run for the kill-and-resume tests, and the fork server that starts it.
+"""A tiny Hugging Face Trainer run for the kill-and-resume tests, and its fork server.
 
 Run as a script it reads one JSON job per line on stdin, forks one process for it (transformers
 is imported once, here) and answers ``{"code": exit code}``. A job:
 
     {"out": dir, "mode": "snapstate" | "no-rng" | "plain", "args": {TrainingArguments},
-     "kill_at": step or null, "kill_on_save": step or null, "resume": true, a path or null, "blocking": bool}
+     "kill_at": step, "kill_on_save": step, "resume": true or a path, "blocking": bool}
 
 ``mode``: "snapstate" trains with SnapstateTrainer (the recipe), "no-rng" with SnapstateTrainer
 that does not restore the RNG on resume (the negative control), "plain" with the Trainer
 saving nothing. ``kill_at`` SIGKILLs the run at that step once its last save is committed,
-``kill_on_save`` right after that step's save started; ``blocking`` makes the saves synchronous. Each run appends "step loss.hex()" lines to ``out/losses.txt``; when training
+``kill_on_save`` right after that step's save started; ``blocking`` makes the saves
+synchronous. Each run appends "step loss.hex()" lines to ``out/losses.txt``; when training
 ends it saves the model and optimizer with snapstate to ``out/final`` and writes what
 ``trainer.state`` says of the best checkpoint to ``out/best.json``. A job ``{"out": dir,
 "script": code}`` runs ``code`` in ``dir`` instead (a documented recipe).
