@@ -22,7 +22,6 @@ import signal
 import socket
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,12 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import snapstate as ss
 from snapstate.integrations.lightning import SnapstateCallback, SnapstateCheckpointIO
+
+# Run as a script, this file finds the shared support where the tests do: tests/ on the path.
+_TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if _TESTS not in sys.path:
+    sys.path.insert(0, _TESTS)
+from support.integrations import exit_after, run_job  # noqa: E402
 
 
 class Tiny(L.LightningModule):
@@ -133,27 +138,15 @@ def free_port() -> int:
 
 
 def child(config: dict[str, Any], rank: int, port: int) -> None:
-    log = os.open(Path(config["out"]) / f"rank{rank}.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    code = 0
-    try:
+    def body() -> None:
         torch.set_num_threads(1)  # the ranks share two cores
         if config.get("world", 1) > 1:  # launched from outside, as torchrun would
             env = {"LOCAL_RANK": rank, "RANK": rank, "NODE_RANK": 0, "WORLD_SIZE": config["world"]}
             os.environ.update({k: str(v) for k, v in env.items()})
             os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-        if "script" in config:  # a recipe of docs/integrations.md, run as written
-            os.chdir(config["out"])
-            exec(compile(config["script"], "recipe.py", "exec"), {"__name__": "__main__"})
-        else:
-            main(config)
-    except BaseException:  # noqa: BLE001 - reported through the exit code and the log
-        traceback.print_exc()
-        code = 1
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+        run_job(config, main)
+
+    exit_after(Path(config["out"]) / f"rank{rank}.log", body)
 
 
 def run(config: dict[str, Any]) -> dict[str, Any]:

@@ -18,7 +18,7 @@ import torch
 
 import snapstate as ss
 from support.bits import assert_tree_equal
-from support.integrations import needs, recipe
+from support.integrations import needs, recipe, trainer_server
 from support.procs import LineServer
 
 pytestmark = needs("lightning")
@@ -31,9 +31,7 @@ STEPS_EVERY_3 = {"every_n_train_steps": 3, "save_top_k": -1, "save_last": True}
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[LineServer]:
-    s = LineServer(SERVER, env=dict(os.environ, OMP_NUM_THREADS="1"))
-    yield s
-    s.close()
+    yield from trainer_server(SERVER)
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 PREFIX = ".snapstate-"
 
@@ -58,3 +61,32 @@ def _own_target(path: str) -> str | None:
         return None
     target = os.path.join(os.path.dirname(os.path.abspath(path)), os.readlink(path))
     return target if os.path.basename(target).startswith(".") and PREFIX in target else None
+
+
+class InFlight:
+    """An async save whose commit a thread awaits before publishing it; ``wait`` joins it."""
+
+    def __init__(self) -> None:
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, handle: Any, publish: Callable[[], None]) -> None:
+        """Wait for ``handle``'s commit on a thread, then call ``publish``."""
+        self._thread = threading.Thread(target=self._run, args=(handle, publish), daemon=True)
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Block until the save in flight is committed and published (raises its error)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            thread.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _run(self, handle: Any, publish: Callable[[], None]) -> None:
+        try:
+            handle.wait()
+            publish()
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait()
+            self._error = exc

@@ -15,7 +15,6 @@ Strategies that bypass CheckpointIO (FSDP, ModelParallel, DeepSpeed, XLA) are re
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -58,8 +57,7 @@ class SnapstateCheckpointIO(CheckpointIO):
         self.timeout = timeout
         self.options = options
         self.collective = False  # set by SnapstateCallback: every rank calls save_checkpoint
-        self._pending: threading.Thread | None = None  # waits for the commit, then publishes
-        self._error: BaseException | None = None
+        self._in_flight = _publish.InFlight()  # waits for the commit, then publishes
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -83,10 +81,7 @@ class SnapstateCheckpointIO(CheckpointIO):
             self._publish(path, target)
             return
         handle = ss.async_save(checkpoint, target, **kwargs)
-        self._pending = threading.Thread(
-            target=self._publish_when_committed, args=(handle, path, target), daemon=True
-        )
-        self._pending.start()
+        self._in_flight.start(handle, lambda: self._publish(path, target))
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -103,19 +98,7 @@ class SnapstateCheckpointIO(CheckpointIO):
 
     def wait(self) -> None:
         """Block until the save in flight is committed and published (raises its error)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.join()
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def _publish_when_committed(self, handle: ss.SaveHandle, path: str, target: str) -> None:
-        try:
-            handle.wait()
-            self._publish(path, target)
-        except BaseException as exc:  # noqa: BLE001 - raised again by wait()
-            self._error = exc
+        self._in_flight.wait()
 
     @staticmethod
     def _publish(path: str, target: str) -> None:
