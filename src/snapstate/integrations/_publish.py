@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import os
 import shutil
+import threading
 import time
+from typing import Any
 
 PREFIX = ".snapstate-"
 
@@ -58,3 +60,39 @@ def _own_target(path: str) -> str | None:
         return None
     target = os.path.join(os.path.dirname(os.path.abspath(path)), os.readlink(path))
     return target if os.path.basename(target).startswith(".") and PREFIX in target else None
+
+
+class Publisher:
+    """The async save in flight: a thread waits for its commit, then publishes it from rank 0."""
+
+    def __init__(self) -> None:
+        self._pending: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, handle: Any, path: str, target: str, rank: int) -> None:
+        """Publish ``target`` at ``path`` once ``handle`` (an ss.SaveHandle) is committed."""
+        self._pending = threading.Thread(
+            target=self._publish_when_committed, args=(handle, path, target, rank), daemon=True
+        )
+        self._pending.start()
+
+    def wait(self) -> None:
+        """Block until the save in flight is committed and published (raises its error)."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.join()
+        error, self._error = self._error, None
+        if error is not None:
+            raise error
+
+    def _publish_when_committed(self, handle: Any, path: str, target: str, rank: int) -> None:
+        try:
+            handle.wait()
+            publish_from(rank, path, target)
+        except BaseException as exc:  # noqa: BLE001 - raised again by wait()
+            self._error = exc
+
+
+def publish_from(rank: int, path: str, target: str) -> None:
+    if rank == 0:  # one rank renames; every rank's wait saw the commit
+        publish(path, target)

@@ -15,7 +15,6 @@ Strategies that bypass CheckpointIO (FSDP, ModelParallel, DeepSpeed, XLA) are re
 from __future__ import annotations
 
 import os
-import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -26,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 import snapstate as ss
 from snapstate.integrations import _publish
 from snapstate.integrations._read import (
+    agreed,
     dist_rank,
     dist_world,
     is_checkpoint_dir,
@@ -58,8 +58,7 @@ class SnapstateCheckpointIO(CheckpointIO):
         self.timeout = timeout
         self.options = options
         self.collective = False  # set by SnapstateCallback: every rank calls save_checkpoint
-        self._pending: threading.Thread | None = None  # waits for the commit, then publishes
-        self._error: BaseException | None = None
+        self._publisher = _publish.Publisher()  # waits for the commit, then publishes
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -76,17 +75,15 @@ class SnapstateCheckpointIO(CheckpointIO):
             )
         self.wait()
         path = os.fspath(path)
-        target = _publish.version_dir(path, _agreed(_publish.new_version()))
+        target = _publish.version_dir(path, agreed(_publish.new_version()))
         kwargs: dict[str, Any] = {"timeout": self.timeout, "options": self.options}
         if not self.async_save:
             ss.save(checkpoint, target, **kwargs)
-            self._publish(path, target)
+            _publish.publish_from(dist_rank(), path, target)
             return
-        handle = ss.async_save(checkpoint, target, **kwargs)
-        self._pending = threading.Thread(
-            target=self._publish_when_committed, args=(handle, path, target), daemon=True
+        self._publisher.start(
+            ss.async_save(checkpoint, target, **kwargs), path, target, dist_rank()
         )
-        self._pending.start()
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -103,35 +100,7 @@ class SnapstateCheckpointIO(CheckpointIO):
 
     def wait(self) -> None:
         """Block until the save in flight is committed and published (raises its error)."""
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.join()
-        error, self._error = self._error, None
-        if error is not None:
-            raise error
-
-    def _publish_when_committed(self, handle: ss.SaveHandle, path: str, target: str) -> None:
-        try:
-            handle.wait()
-            self._publish(path, target)
-        except BaseException as exc:  # noqa: BLE001 - raised again by wait()
-            self._error = exc
-
-    @staticmethod
-    def _publish(path: str, target: str) -> None:
-        if dist_rank() == 0:  # one rank renames; every rank's wait saw the commit
-            _publish.publish(path, target)
-
-
-def _agreed(value: str) -> str:
-    """Rank 0's ``value`` on every rank (the ranks must write the same directory)."""
-    if dist_world() == 1:
-        return value
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return str(box[0])
+        self._publisher.wait()
 
 
 class SnapstateCallback(Callback):
