@@ -1,10 +1,10 @@
 """A tiny Accelerate loop for the kill-and-resume tests: one process per rank, run as a script.
 
-    python accelerate_train.py OUT CKPT MODE [--stateful] [--seedable] [--kill-at N] [--resume]
+    python accelerate_train.py OUT CKPT MODE [--stateful] [--seedable] [--kill-at N] [--every K] [--resume]
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (gloo on CPU). MODE is "snapstate"
 (SnapstateAccelerate), "accelerate" (Accelerator.save_state/load_state) or "plain" (no
-checkpoint). 3 epochs of 8 batches per process; a checkpoint after steps 3, 6, 9... to CKPT;
+checkpoint). 3 epochs of 8 batches per process; a checkpoint after steps 3, 6, 9... (--every K: K, 2K...) to CKPT;
 a resume in "accelerate" mode skips the epoch's trained batches with skip_first_batches.
 ``--kill-at N`` SIGKILLs the process after step N, once the last save is committed. Each rank
 writes "step loss.hex()" lines to OUT/losses-RANK.txt and, at the end, the model and optimizer
@@ -37,6 +37,7 @@ def main() -> None:
     p.add_argument("--stateful", action="store_true")
     p.add_argument("--seedable", action="store_true")
     p.add_argument("--kill-at", type=int)
+    p.add_argument("--every", type=int, default=EVERY)
     p.add_argument("--resume", action="store_true")
     a = p.parse_args()
     out = Path(a.out)
@@ -76,7 +77,7 @@ def main() -> None:
             step += 1
             log.write(f"{step} {loss.item().hex()}\n")
             log.flush()
-            if step % EVERY == 0 and a.mode != "plain":
+            if step % a.every == 0 and a.mode != "plain":
                 save(accelerator, ckpt, a.ckpt, step)
             if step == a.kill_at:
                 if ckpt is not None:

@@ -1,7 +1,7 @@
 """Accelerate with snapstate: a SIGKILLed and resumed 2-process loop is bitwise the uninterrupted one.
 
 Each run is two real processes of ``accelerate_train.py`` on gloo (CPU); the kills are real
-SIGKILLs. The checkpoint is taken at step 9, one batch into the second epoch, the kill at 11.
+SIGKILLs. The checkpoint is taken at step 9, one batch into the second epoch (8 batches an epoch), or at\nstep 8, the first epoch's last batch; the kill at 11.
 """
 
 from __future__ import annotations
@@ -67,16 +67,17 @@ def losses(out: Path, rank: int) -> list[str]:
     return (out / f"losses-{rank}.txt").read_text().splitlines()
 
 
-def kill_and_resume(work: Path, mode: str, flags: list[str]) -> tuple[Path, Path]:
+def kill_and_resume(work: Path, mode: str, flags: list[str], every: int = 3) -> tuple[Path, Path]:
     ckpt = work / "ckpt"
-    killed = train(work / "killed", ckpt, mode, *flags, "--kill-at", "11", expect=KILLED)
+    kill = ["--kill-at", "11", "--every", str(every)]
+    killed = train(work / "killed", ckpt, mode, *flags, *kill, expect=KILLED)
     resumed = train(work / "resumed", ckpt, mode, *flags, "--resume")
     return killed, resumed
 
 
-def resumed_losses(killed: Path, resumed: Path, rank: int) -> list[str]:
-    """The killed run's losses up to the checkpoint (step 9), then the resumed run's."""
-    return losses(killed, rank)[:9] + losses(resumed, rank)
+def resumed_losses(killed: Path, resumed: Path, rank: int, at: int = 9) -> list[str]:
+    """The killed run's losses up to the checkpoint (step ``at``), then the resumed run's."""
+    return losses(killed, rank)[:at] + losses(resumed, rank)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +99,19 @@ def test_killed_mid_epoch_and_resumed_is_bitwise(
         assert losses(killed, rank) == losses(reference, rank)[:11]
         assert losses(resumed, rank)[0].split()[0] == "10", "resumed after step 9"
         assert resumed_losses(killed, resumed, rank) == losses(reference, rank), f"rank {rank}"
+    assert_tree_equal(ss.read_state(reference / "final"), ss.read_state(resumed / "final"))
+
+
+@pytest.mark.parametrize("loader", ["plain", "stateful-seedable"])
+def test_killed_after_an_epoch_boundary_checkpoint_and_resumed_is_bitwise(
+    tmp_path: Path, references: dict[str, Path], loader: str
+) -> None:
+    # Saved at step 8, the epoch's last batch, before the loop saw the epoch end.
+    killed, resumed = kill_and_resume(tmp_path, "snapstate", LOADERS[loader], every=8)
+    reference = references[loader]
+    for rank in range(2):
+        assert losses(resumed, rank)[0].split()[0] == "9", "resumed after step 8"
+        assert resumed_losses(killed, resumed, rank, at=8) == losses(reference, rank)
     assert_tree_equal(ss.read_state(reference / "final"), ss.read_state(resumed / "final"))
 
 

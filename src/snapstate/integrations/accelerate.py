@@ -157,7 +157,13 @@ class _Position:
             self.loader.iteration = int(snap["iteration"])
 
     def state(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "yielded": self.yielded, "now": self.snapshot()}
+        now, yielded = self.snapshot(), self.yielded
+        if yielded >= _length(self.loader) > 0:
+            # The epoch's last batch: the loop ends the epoch at its next step, and the
+            # loader counts it then; a resume starts the next epoch.
+            now["iteration"] += 1
+            yielded = -1
+        return {"epoch": self.epoch, "yielded": yielded, "now": now}
 
     def resume_from(self, saved: dict[str, Any], rng: dict[str, Any]) -> None:
         self.resume = saved
@@ -194,6 +200,13 @@ class _Position:
 
 
 _END = object()
+
+
+def _length(loader: Any) -> int:
+    try:
+        return len(loader)
+    except TypeError:  # an iterable dataset without a length: its end is seen, not counted
+        return 0
 
 
 def _patch_iter(cls: type) -> None:
