@@ -90,3 +90,16 @@ class InFlight:
             publish()
         except BaseException as exc:  # noqa: BLE001 - raised again by wait()
             self._error = exc
+
+
+class Publisher(InFlight):
+    """The async save in flight whose commit is published at ``path`` from rank 0."""
+
+    def start_publish(self, handle: Any, path: str, target: str, rank: int) -> None:
+        """Publish ``target`` at ``path`` once ``handle`` (an ss.SaveHandle) is committed."""
+        self.start(handle, lambda: publish_from(rank, path, target))
+
+
+def publish_from(rank: int, path: str, target: str) -> None:
+    if rank == 0:  # one rank renames; every rank's wait saw the commit
+        publish(path, target)

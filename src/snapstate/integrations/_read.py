@@ -46,3 +46,14 @@ def dist_world() -> int:
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def agreed(value: str) -> str:
+    """Rank 0's ``value`` on every rank (the ranks must write the same directory)."""
+    if dist_world() == 1:
+        return value
+    import torch.distributed as dist
+
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return str(box[0])

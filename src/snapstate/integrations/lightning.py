@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 import snapstate as ss
 from snapstate.integrations import _publish
 from snapstate.integrations._read import (
+    agreed,
     dist_rank,
     dist_world,
     is_checkpoint_dir,
@@ -57,7 +58,7 @@ class SnapstateCheckpointIO(CheckpointIO):
         self.timeout = timeout
         self.options = options
         self.collective = False  # set by SnapstateCallback: every rank calls save_checkpoint
-        self._in_flight = _publish.InFlight()  # waits for the commit, then publishes
+        self._publisher = _publish.Publisher()  # waits for the commit, then publishes
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -74,14 +75,15 @@ class SnapstateCheckpointIO(CheckpointIO):
             )
         self.wait()
         path = os.fspath(path)
-        target = _publish.version_dir(path, _agreed(_publish.new_version()))
+        target = _publish.version_dir(path, agreed(_publish.new_version()))
         kwargs: dict[str, Any] = {"timeout": self.timeout, "options": self.options}
         if not self.async_save:
             ss.save(checkpoint, target, **kwargs)
-            self._publish(path, target)
+            _publish.publish_from(dist_rank(), path, target)
             return
-        handle = ss.async_save(checkpoint, target, **kwargs)
-        self._in_flight.start(handle, lambda: self._publish(path, target))
+        self._publisher.start_publish(
+            ss.async_save(checkpoint, target, **kwargs), path, target, dist_rank()
+        )
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -98,23 +100,7 @@ class SnapstateCheckpointIO(CheckpointIO):
 
     def wait(self) -> None:
         """Block until the save in flight is committed and published (raises its error)."""
-        self._in_flight.wait()
-
-    @staticmethod
-    def _publish(path: str, target: str) -> None:
-        if dist_rank() == 0:  # one rank renames; every rank's wait saw the commit
-            _publish.publish(path, target)
-
-
-def _agreed(value: str) -> str:
-    """Rank 0's ``value`` on every rank (the ranks must write the same directory)."""
-    if dist_world() == 1:
-        return value
-    import torch.distributed as dist
-
-    box = [value]
-    dist.broadcast_object_list(box, src=0)
-    return str(box[0])
+        self._publisher.wait()
 
 
 class SnapstateCallback(Callback):
