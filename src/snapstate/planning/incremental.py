@@ -1,0 +1,94 @@
+"""Incremental saves, the pure part: which chunks an earlier step already holds, and which
+step directories retention may delete while retained steps reference files in them.
+
+A chunk is reused only when its content digest (xxh3-128 of the stored bytes, computed in the
+pass that makes the block checksums) and everything that decides how its bytes are read
+(sizes, dtype, codec, stored length) equal those of the same chunk (key and offsets) in the
+newest earlier committed step. Files are named here root-relative (``step-000000010/shards/
+r00000-000.safetensors``); a manifest names a file of its own step as today and a file of
+another step as ``../step-000000010/shards/...`` (one ``..``, never more). Reuse copies the
+stored chunk's root-relative file, so references never chain: a third step that reuses a
+reused chunk points at the step that wrote the bytes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+ChunkId = tuple[str, tuple[int, ...]]  # (key, offsets): the same chunk across steps
+
+
+@dataclass(frozen=True)
+class ChunkContent:
+    """What must be equal for two chunks to be interchangeable on disk."""
+
+    sizes: tuple[int, ...]
+    dtype: str
+    codec: str  # "raw" for an uncompressed chunk
+    stored_bytes: int
+    digest: str  # xxh3-128 of the stored bytes
+
+
+@dataclass(frozen=True)
+class StoredChunk:
+    """A committed chunk: its content and where its bytes are (``file`` root-relative)."""
+
+    content: ChunkContent
+    file: str
+    name: str
+    start: int
+    end: int
+    block_bytes: int
+    xxh3: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReusePlan:
+    reused: Mapping[ChunkId, StoredChunk]  # referenced, not written
+    written: tuple[ChunkId, ...]  # new or changed: written by this step, in sorted order
+
+    @property
+    def bytes_reused(self) -> int:
+        return sum(c.content.stored_bytes for c in self.reused.values())
+
+
+def plan_reuse(
+    prior: Mapping[ChunkId, StoredChunk], current: Mapping[ChunkId, ChunkContent]
+) -> ReusePlan:
+    """Chunks of ``current`` whose content equals that of the same chunk in ``prior``."""
+    reused = {
+        cid: prior[cid] for cid, c in current.items() if cid in prior and prior[cid].content == c
+    }
+    written = tuple(sorted(cid for cid in current if cid not in reused))
+    return ReusePlan(reused, written)
+
+
+def reference(step: str, root_file: str) -> str:
+    """The name a manifest of ``step`` gives the root-relative ``root_file``."""
+    own = step + "/"
+    return root_file[len(own) :] if root_file.startswith(own) else "../" + root_file
+
+
+def resolve(step: str, manifest_file: str) -> str:
+    """Root-relative path of a file named in ``step``'s manifest; inverse of ``reference``."""
+    parts = manifest_file.split("/")
+    if parts[0] != "..":
+        return f"{step}/{manifest_file}"
+    rest = parts[1:]
+    if len(rest) < 2 or any(p in ("", ".", "..") for p in rest) or rest[0] == step:
+        raise ValueError(f"{manifest_file!r}: a reference is ../<another step>/<path>")
+    return "/".join(rest)
+
+
+def referenced_steps(step: str, files: Iterable[str]) -> frozenset[str]:
+    """The other step directories whose files ``step``'s manifest needs."""
+    return frozenset(resolve(step, f).split("/", 1)[0] for f in files if f.startswith("../"))
+
+
+def deletable_steps(candidates: Iterable[str], retained: Mapping[str, frozenset[str]]) -> list[str]:
+    """Of the steps retention would delete, those no retained step references (``retained``:
+    retained step → ``referenced_steps`` of its manifest). A referenced step stays whole, so
+    it stays loadable and its files stay where the references say."""
+    needed = frozenset().union(*retained.values()) if retained else frozenset()
+    return [s for s in candidates if s not in needed]
