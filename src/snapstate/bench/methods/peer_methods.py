@@ -7,8 +7,10 @@ and no fsync. The report says so (MethodInfo.fsynced) instead of timing an fsync
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -22,6 +24,8 @@ from snapstate.bench.methods.torch_methods import (
     torch_recipe_state,
 )
 from snapstate.bench.train import Trainer
+
+SOCKETS = Path("/tmp/ckpt_sock")  # DLRover's folder of local sockets (SOCKET_TMP_DIR)
 
 
 class _TorchSnapshotBase(Method):
@@ -135,6 +139,9 @@ class DLRoverFlash(Method):
             os.environ.setdefault("LOCAL_WORLD_SIZE", str(self.world))
             from dlrover.trainer.torch.flash_checkpoint.ddp import DdpCheckpointer
 
+            if os.environ.get("ROLE_NAME") != "dlrover-trainer":  # no dlrover-run agent
+                _own_sockets(root)
+                _spawn_saver(int(os.environ["LOCAL_RANK"]))
             self._checkpointer = DdpCheckpointer(str(root))
         return self._checkpointer
 
@@ -151,6 +158,19 @@ class DLRoverFlash(Method):
             return
         _finish_when(pending, lambda: _wait_committed(path, step, self.POLL_S))
 
+    def close(self) -> None:
+        super().close()
+        if self._checkpointer is None:
+            return
+        from dlrover.trainer.torch.flash_checkpoint import engine
+
+        saver = engine.CheckpointEngine.saver_proc
+        if saver is not None and saver.is_alive():
+            saver.terminate()  # it serves no one after this method's last save
+            saver.join(timeout=10)
+        if os.environ.get("TORCHELASTIC_RUN_ID", "").startswith("ssb-") and self.rank == 0:
+            shutil.rmtree(SOCKETS / os.environ["TORCHELASTIC_RUN_ID"], ignore_errors=True)
+
     def load(self, trainer: Trainer, path: Path) -> None:
         import torch
 
@@ -160,6 +180,40 @@ class DLRoverFlash(Method):
     def owner(self, relpath: str) -> int:
         m = re.search(r"rank_(\d+)", relpath)
         return int(m.group(1)) if m else 0
+
+
+def _own_sockets(root: Path) -> None:
+    """Give this run its own folder of DLRover's local sockets (``/tmp/ckpt_sock/<run id>``).
+
+    DLRover names the folder after TORCHELASTIC_RUN_ID, unset (or torchrun's "none") outside
+    ``dlrover-run``: every run then shares one folder, and a socket file left by an earlier
+    run's saver looks ready while nothing listens on it. The id comes from what all ranks of
+    one launch share: the checkpoint folder and the rendezvous port.
+    """
+    launch = f"{root.resolve()}:{os.environ.get('MASTER_PORT', '')}"
+    os.environ["TORCHELASTIC_RUN_ID"] = (
+        "ssb-" + hashlib.blake2b(launch.encode(), digest_size=6).hexdigest()
+    )
+
+
+def _spawn_saver(local_rank: int) -> None:
+    """Start DLRover's saver process, as it would itself without an agent, but spawned.
+
+    DLRover forks it from the training process; a fork taken while other threads (gloo's,
+    an earlier method's writers) hold locks can leave the child stuck before it listens,
+    and the trainer then gives up after 30 refused connections. A spawned child starts clean.
+    """
+    import multiprocessing
+
+    from dlrover.trainer.torch.flash_checkpoint import engine
+
+    if local_rank != 0 or engine.CheckpointEngine.saver_proc is not None:
+        return
+    proc = multiprocessing.get_context("spawn").Process(
+        target=engine.start_async_save, name="dlrover-saver", daemon=True
+    )
+    proc.start()
+    engine.CheckpointEngine.saver_proc = proc  # the engine starts none of its own then
 
 
 def _wait_committed(path: Path, step: int, poll_s: float, timeout_s: float = 600.0) -> None:
