@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
 
 from snapstate.collective.coordinator import Coordinator, gather_or_raise
+from snapstate.collective.torch_dist import wait_work
 from snapstate.errors import CheckpointTimeoutError
 from snapstate.planning.readplan import Batch, ReadPlan
 
@@ -67,12 +67,11 @@ def send_batches(
 def _wait(work: Any, deadline: float | None, timeout: float | None) -> None:
     if work is None:  # a send to this rank itself
         return
-    if deadline is None:
-        work.wait()
-        return
     try:
-        work.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
+        wait_work(work, deadline)
     except RuntimeError as exc:  # gloo's timeout; torch's DistError derives from it too
+        if deadline is None:
+            raise
         raise CheckpointTimeoutError(
             f"a rank did not send or receive its share of the load within {timeout:g}s "
             "(stopped, hung or dead)"

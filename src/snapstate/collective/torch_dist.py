@@ -105,7 +105,7 @@ class TorchDistCoordinator:
         head.extend(bytes(_LENGTH.size + INLINE_BYTES - len(head)))
         mine = torch.frombuffer(head, dtype=torch.uint8).to(device)
         heads = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._wait(dist.all_gather(heads, mine, group=self.group, async_op=True), deadline)
+        wait_work(dist.all_gather(heads, mine, group=self.group, async_op=True), deadline)
         raw = [h.cpu().numpy().tobytes() for h in heads]
         lengths = [_LENGTH.unpack_from(r)[0] for r in raw]
         parts = [
@@ -119,19 +119,12 @@ class TorchDistCoordinator:
                     bytearray(data[INLINE_BYTES:]), dtype=torch.uint8
                 )
             rests = [torch.empty_like(rest) for _ in range(self.world_size)]
-            self._wait(dist.all_gather(rests, rest, group=self.group, async_op=True), deadline)
+            wait_work(dist.all_gather(rests, rest, group=self.group, async_op=True), deadline)
             for r, (t, n) in enumerate(zip(rests, lengths)):
                 if n > INLINE_BYTES:
                     parts[r] += t[: n - INLINE_BYTES].cpu().numpy().tobytes()
         # the process group's own ranks only: what all_gather_object itself unpickles
         return [pickle.loads(p) for p in parts]  # noqa: S301
-
-    def _wait(self, work: Any, deadline: float | None) -> None:
-        if deadline is None:
-            work.wait()
-            return
-        left = max(0.001, deadline - time.monotonic())
-        work.wait(timeout=timedelta(seconds=left))
 
     def _device(self) -> torch.device:
         if self.backend == "nccl":
@@ -190,3 +183,14 @@ def describe_missing(keys: list[str]) -> str:
     if all(r.isdigit() for r in ranks):
         return f"rank(s) {sorted(int(r) for r in ranks)}"
     return str(keys)
+
+
+def wait_work(work: Any, deadline: float | None) -> None:
+    """Wait for an async collective, until ``deadline`` (time.monotonic()) when one is given.
+
+    Past the deadline gloo raises a RuntimeError (torch's DistError derives from it).
+    """
+    if deadline is None:
+        work.wait()
+        return
+    work.wait(timeout=timedelta(seconds=max(0.001, deadline - time.monotonic())))
