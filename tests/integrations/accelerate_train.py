@@ -1,6 +1,7 @@
 """A tiny Accelerate loop for the kill-and-resume tests: one process per rank, run as a script.
 
-    python accelerate_train.py OUT CKPT MODE [--stateful] [--seedable] [--kill-at N] [--every K] [--resume]
+    python accelerate_train.py OUT CKPT MODE [--stateful] [--seedable] [--workers W]
+        [--kill-at N] [--every K] [--resume]
 
 Environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT (gloo on CPU). MODE is "snapstate"
 (SnapstateAccelerate), "accelerate" (Accelerator.save_state/load_state) or "plain" (no
@@ -39,6 +40,7 @@ def main() -> None:
     p.add_argument("--kill-at", type=int)
     p.add_argument("--every", type=int, default=EVERY)
     p.add_argument("--resume", action="store_true")
+    p.add_argument("--workers", type=int, default=0, help="loader workers; their batches get noise")
     a = p.parse_args()
     out = Path(a.out)
     config = DataLoaderConfiguration(
@@ -53,7 +55,8 @@ def main() -> None:
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=3, gamma=0.9)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(128, 4, generator=g)
-    loader = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8, shuffle=True)
+    data = Noisy(x) if a.workers else TensorDataset(x, x.sum(1, keepdim=True))
+    loader = DataLoader(data, batch_size=8, shuffle=True, num_workers=a.workers)
     model, opt, loader, sched = accelerator.prepare(model, opt, loader, sched)
     ckpt = SnapstateAccelerate(accelerator) if a.mode == "snapstate" else None
     step = 0
@@ -90,6 +93,20 @@ def main() -> None:
         "opt": opt.optimizer.state_dict(),
     }
     ss.save(final, out / "final")
+
+
+class Noisy(torch.utils.data.Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Samples with noise drawn in the worker: its seed comes from the loader's iterator."""
+
+    def __init__(self, x: torch.Tensor) -> None:
+        self.x = x
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        noisy = self.x[i] + 0.1 * torch.randn(4)
+        return noisy, noisy.sum(0, keepdim=True)
 
 
 def save(accelerator: Accelerator, ckpt: SnapstateAccelerate | None, path: str, step: int) -> None:

@@ -25,6 +25,7 @@ DOC = Path(__file__).parents[2] / "docs" / "integrations.md"
 KILLED = -9
 LOADERS = {"plain": [], "stateful": ["--stateful"], "seedable": ["--seedable"]}
 LOADERS["stateful-seedable"] = ["--stateful", "--seedable"]
+LOADERS["stateful-workers"] = ["--stateful", "--seedable", "--workers", "1"]
 
 
 def free_port() -> int:
@@ -102,16 +103,7 @@ def test_killed_mid_epoch_and_resumed_is_bitwise(
     assert_tree_equal(ss.read_state(reference / "final"), ss.read_state(resumed / "final"))
 
 
-SEEDABLE_BOUNDARY = pytest.mark.xfail(
-    strict=True,
-    reason="known defect: with use_seedable_sampler a checkpoint at an epoch's last batch "
-    "resumes the next epoch in another order (step 9 differs); not yet fixed",
-)
-
-
-@pytest.mark.parametrize(
-    "loader", ["plain", pytest.param("stateful-seedable", marks=SEEDABLE_BOUNDARY)]
-)
+@pytest.mark.parametrize("loader", list(LOADERS))
 def test_killed_after_an_epoch_boundary_checkpoint_and_resumed_is_bitwise(
     tmp_path: Path, references: dict[str, Path], loader: str
 ) -> None:
@@ -122,6 +114,44 @@ def test_killed_after_an_epoch_boundary_checkpoint_and_resumed_is_bitwise(
         assert losses(resumed, rank)[0].split()[0] == "9", "resumed after step 8"
         assert resumed_losses(killed, resumed, rank, at=8) == losses(reference, rank)
     assert_tree_equal(ss.read_state(reference / "final"), ss.read_state(resumed / "final"))
+
+
+def test_resumed_twice_first_at_a_boundary_then_mid_epoch_is_bitwise(
+    tmp_path: Path, references: dict[str, Path]
+) -> None:
+    # The second process starts epoch 1 with a new iterator; its own checkpoint (step 11) must
+    # say so, or the third process replays epoch 1 from the iterator made at prepare().
+    flags, ckpt = LOADERS["stateful-workers"], tmp_path / "ckpt"
+    first = train(
+        tmp_path / "first",
+        ckpt,
+        "snapstate",
+        *flags,
+        "--every",
+        "8",
+        "--kill-at",
+        "9",
+        expect=KILLED,
+    )
+    second = train(
+        tmp_path / "second",
+        ckpt,
+        "snapstate",
+        *flags,
+        "--every",
+        "11",
+        "--kill-at",
+        "12",
+        "--resume",
+        expect=KILLED,
+    )
+    third = train(tmp_path / "third", ckpt, "snapstate", *flags, "--every", "11", "--resume")
+    reference = references["stateful-workers"]
+    for rank in range(2):
+        assert losses(third, rank)[0].split()[0] == "12", "resumed after step 11"
+        ran = losses(first, rank)[:8] + losses(second, rank)[:3] + losses(third, rank)
+        assert ran == losses(reference, rank), f"rank {rank}"
+    assert_tree_equal(ss.read_state(reference / "final"), ss.read_state(third / "final"))
 
 
 def test_negative_control_accelerate_save_state_resume_is_not_bitwise(

@@ -131,6 +131,7 @@ class _Position:
         self.epoch: dict[str, Any] | None = None  # RNG and epoch counter before this epoch's iter
         self.yielded = 0
         self.resume: dict[str, Any] | None = None
+        self.prepared_iter = True  # the next iter() takes the iterator made at prepare()
 
     @classmethod
     def attach(cls, loader: Any) -> _Position:
@@ -168,13 +169,30 @@ class _Position:
     def resume_from(self, saved: dict[str, Any], rng: dict[str, Any]) -> None:
         self.resume = saved
         self.restore(saved["now"])  # an epoch boundary: the next epoch starts from here
+        epoch = saved["epoch"]
+        if epoch is not None and (saved["yielded"] < 0 or not epoch.get("first_iter", True)):
+            self._next_iter_draws_its_seed()
+
+    def _next_iter_draws_its_seed(self) -> None:
+        """Drop the iterator a StatefulDataLoader made at ``prepare()`` (for its state_dict).
+
+        The first iter() of a process takes that iterator, whose seed was drawn then; every
+        later iter() makes a new one and draws its seed from the global RNG. A resume into
+        a later epoch must draw as that epoch did, or the RNG (dropout) and the workers'
+        seeds differ from the uninterrupted run's.
+        """
+        base = getattr(self.loader, "base_dataloader", None)
+        if base is not None and hasattr(base, "load_state_dict"):
+            base.load_state_dict({})  # torchdata: forget the iterator, load nothing
+        self.prepared_iter = False
 
     def iterate(self, original: Any) -> Iterator[Any]:
         resume, self.resume = self.resume, None
         if resume is not None and resume["epoch"] is not None and resume["yielded"] > 0:
             yield from self._replay(original, resume)
             return
-        self.epoch, self.yielded = self.snapshot(), 0
+        first, self.prepared_iter = self.prepared_iter, False
+        self.epoch, self.yielded = {**self.snapshot(), "first_iter": first}, 0
         for batch in original(self.loader):
             self.yielded += 1
             yield batch
@@ -185,6 +203,7 @@ class _Position:
         # trained on are drawn and dropped, then every RNG is set back to the save's moment.
         self.restore(resume["epoch"])
         it = original(self.loader)
+        self.prepared_iter = False
         for n in range(resume["yielded"]):
             if next(it, _END) is _END:
                 raise ValueError(
