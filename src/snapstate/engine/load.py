@@ -317,15 +317,17 @@ def _cold_whole_chunks(storage: Storage, tasks: list[ReadTask]) -> bool:
 
 
 def pages_cached(storage: Storage, tasks: list[ReadTask]) -> bool:
-    """Whether the shards' pages look cached: the first, middle and last chunk of each file
-    probed (a backend that cannot tell says yes, and keeps the mapped load)."""
+    """Whether the shards' pages look cached: the last byte of the first, middle and last
+    chunk of each file probed (a backend that cannot tell says yes, and keeps the mapped
+    load). Last bytes, not first: reading the header, just before, brought the pages right
+    after it in with the kernel's readahead, whatever the state of the rest."""
     probe = capabilities(storage).page_cache
     if probe is None:
         return True
-    starts: dict[str, list[int]] = {}
+    lasts: dict[str, list[int]] = {}
     for t in tasks:
-        starts.setdefault(t.chunk.file, []).append(t.chunk.start)
-    for file, offsets in starts.items():
+        lasts.setdefault(t.chunk.file, []).append(max(t.chunk.start, t.chunk.end - 1))
+    for file, offsets in lasts.items():
         offsets.sort()
         probes = sorted({offsets[0], offsets[len(offsets) // 2], offsets[-1]})
         if not probe.cached(file, probes):
