@@ -2,7 +2,8 @@
 
 ``python overwriting_saver.py PATH STOP``: saves version 1, 2, 3... to PATH with
 ``overwrite=True`` (every value of version v is v), says ``{"saved": 1}`` after the first,
-and when the file STOP exists reports how many it saved and what went wrong, if anything.
+writes the count of saves to STOP.count after each, and when the file STOP exists reports
+how many it saved and what went wrong, if anything.
 """
 
 from __future__ import annotations
@@ -35,6 +36,9 @@ def main(path: str, stop: str) -> None:
         except BaseException as exc:  # noqa: BLE001 - the parent reports it
             error = f"{type(exc).__name__}: {exc}"
             break
+        with open(stop + ".count.tmp", "w") as f:
+            f.write(str(version))
+        os.replace(stop + ".count.tmp", stop + ".count")
         if version == 1:
             print(json.dumps({"saved": 1}), flush=True)
     print(json.dumps({"saves": version, "error": error}), flush=True)

@@ -53,9 +53,18 @@ def _load_once(path: Path, turn: int) -> str:
         return type(exc).__name__
 
 
+def _saves_made(stop: Path) -> int:
+    try:
+        return int(Path(f"{stop}.count").read_text())
+    except (FileNotFoundError, ValueError):
+        return 0
+
+
 def test_loads_during_an_overwrite_loop_see_one_save_or_a_checkpoint_error(
     tmp_path: Path,
 ) -> None:
+    """Loads for a few seconds, and at least while the saver commits three more saves
+    (however slow the machine): anything but a whole save or a CheckpointError fails."""
     path, stop = tmp_path / "ckpt", tmp_path / "stop"
     saver = JsonLinesChild(CHILD, str(path), str(stop))
     outcomes: dict[str, int] = {}
@@ -63,7 +72,8 @@ def test_loads_during_an_overwrite_loop_see_one_save_or_a_checkpoint_error(
         assert saver.line() == {"saved": 1}
         deadline = time.monotonic() + LOAD_SECONDS
         turn = 0
-        while time.monotonic() < deadline:  # anything but a CheckpointError fails the test
+        while time.monotonic() < deadline or _saves_made(stop) < 4:
+            assert saver.proc.poll() is None, "the saver exited"
             outcome = _load_once(path, turn)
             outcomes[outcome] = outcomes.get(outcome, 0) + 1
             turn += 1
@@ -72,9 +82,8 @@ def test_loads_during_an_overwrite_loop_see_one_save_or_a_checkpoint_error(
     finally:
         saver.close()
     assert report["error"] is None, report["error"]
-    assert report["saves"] >= 2, "the saver must overwrite while loads run"
-    assert outcomes.get("ok", 0) >= 1, outcomes  # loads between saves succeed
-    _one_whole_save(ss.read_state(path))  # the last commit is whole
+    assert sum(outcomes.values()) >= 2, outcomes  # each a whole save or a CheckpointError
+    _one_whole_save(ss.read_state(path))  # the last commit is whole, and loads
 
 
 def _saved(tmp_path: Path) -> Path:
