@@ -9,6 +9,7 @@ import torch
 import torch.distributed as dist
 
 import snapstate as ss
+from fault.corrupt import edit_manifest
 from snapstate.engine import load as load_mod
 from support.pagecache import drop_cached_pages
 
@@ -70,3 +71,25 @@ def corrupt_on_one_rank(rank: int, world: int, args: dict[str, Any]) -> dict[str
         and state["step"] == 2
     )
     return {"error": error, "unchanged": unchanged, "kept_ahead": kept_ahead == [True]}
+
+
+def retyped_manifest(rank: int, world: int, args: dict[str, Any]) -> dict[str, Any]:
+    """Save, reseal the manifest with w as int32 (the shard header still says F32), load into
+    an int32 target with the given transport on every rank (issue 31 item 7)."""
+    ss.save(_state(rank, 1), args["path"])
+    dist.barrier()
+    if rank == 0:
+        edit_manifest(Path(args["path"]), _retype_w)
+    dist.barrier()
+    state = _state(rank, 2) | {"w": torch.full((256, 64), 7, dtype=torch.int32)}
+    error = ""
+    try:
+        ss.load(state, args["path"], read_once=args["read_once"])
+    except ss.CheckpointError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    unchanged = torch.equal(state["w"], torch.full((256, 64), 7, dtype=torch.int32))
+    return {"error": error, "unchanged": unchanged and state["step"] == 2}
+
+
+def _retype_w(doc: dict[str, Any]) -> None:
+    doc["tensors"]["w"]["dtype"] = "int32"

@@ -30,3 +30,19 @@ def test_corrupt_bytes_of_one_rank_fail_every_rank(
     assert all(r["unchanged"] for r in results), results
     if cold:  # the files were cold for both ranks: both read in place
         assert all(r["kept_ahead"] for r in results), results
+
+
+@pytest.mark.parametrize("read_once", [True, False], ids=["read-once", "own-reads"])
+def test_resealed_dtype_fails_every_rank_before_any_read(
+    ranks: RankServer, tmp_path: Path, read_once: bool
+) -> None:
+    """Issue 31 item 7: each rank holds the manifest to the shard headers when it plans."""
+    args = {"path": str(tmp_path / "ckpt"), "read_once": read_once}
+    results = ranks.run(
+        "collective.scen_failed_load:retyped_manifest", 2, args, tmp_path / "job"
+    ).check()
+    for r in results:
+        assert r["error"].startswith("CorruptCheckpointError"), r
+        assert "manifest says int32, shard header says F32" in r["error"], r
+        assert "key 'w'" in r["error"], r
+    assert all(r["unchanged"] for r in results), results

@@ -121,9 +121,12 @@ def test_sparse_8_gib_shard_causes_no_large_allocation(tmp_path: Path, monkeypat
     (ckpt / "manifest.json").write_bytes(sealed(doc))
     target = {"w": torch.zeros(4), "meta": {"epoch": 0}}
     with watch_allocations(monkeypatch) as seen:
-        ss.load(target, ckpt)  # the data the manifest names is intact: the tail is ignored
+        # the shard's header says its buffer ends long before the file: not a shard any more
+        # (issue 31 item 8: the header is checked on load too, before anything is allocated)
+        with pytest.raises(ss.CorruptCheckpointError, match="the file at 8589934592"):
+            ss.load(target, ckpt)
         with pytest.raises(ss.CorruptCheckpointError):
             ss.verify(ckpt)  # verify reads the whole file: the zero tail is not a shard
-    assert torch.equal(target["w"], torch.arange(4.0))
+    assert torch.equal(target["w"], torch.zeros(4)), "a refused load leaves the target as it was"
     assert seen.largest_tensor < 1 << 26 and seen.largest_read < 1 << 27
     assert seen.rss_growth < 1 << 30

@@ -8,11 +8,15 @@ read-and-verify, and neither transport imports the other.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 
-from snapstate.errors import CorruptCheckpointError
+from snapstate.engine.headers import shard_gone
+from snapstate.engine.persist import as_checkpoint_error
+from snapstate.errors import CheckpointError, CorruptCheckpointError
 from snapstate.format.dtypes import dtype_from_name
 from snapstate.format.dtypes import itemsize as dtype_itemsize
 from snapstate.format.integrity import verify_blocks
@@ -81,7 +85,7 @@ def read_bytes(
     try:
         storage.read_into(chunk.file, offset, out)
     except FileNotFoundError:
-        raise CorruptCheckpointError("shard file is missing", file=chunk.file, key=key) from None
+        raise shard_gone(chunk.file, key) from None
     except EOFError as exc:
         raise CorruptCheckpointError(
             f"shard file is truncated: {exc}", file=chunk.file, key=key
@@ -94,3 +98,17 @@ def verify(data: memoryview, first_block: int, chunk: ChunkRecord, key: str) -> 
         raise CorruptCheckpointError(
             f"checksum mismatch in block {bad} of chunk {chunk.name!r}", file=chunk.file, key=key
         )
+
+
+@contextmanager
+def load_errors(root: str) -> Iterator[None]:
+    """Any OSError a read lets through leaves as a CheckpointError: a file gone is a shard
+    removed while loading (a concurrent overwrite), anything else a CheckpointIOError."""
+    try:
+        yield
+    except OSError as exc:
+        if isinstance(exc, CheckpointError):
+            raise
+        if isinstance(exc, FileNotFoundError):
+            raise shard_gone(exc.filename or root, None) from exc
+        raise as_checkpoint_error(exc, root, "loading") from exc

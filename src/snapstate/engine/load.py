@@ -21,12 +21,14 @@ from snapstate.collective.coordinator import Coordinator, gather_or_raise
 from snapstate.collective.loadshare import fail_together
 from snapstate.engine.chunkread import (
     ReadTask,
+    load_errors,
     read_bytes,
     reads_whole_chunk,
     select,
     verify,
 )
 from snapstate.engine.decompress import any_compressed, read_compressed
+from snapstate.engine.headers import ShardHeaders
 from snapstate.engine.mapped import can_map, load_mapped
 from snapstate.engine.readorder import DirectRead, read_in_file_order
 from snapstate.engine.rollback import Rollback
@@ -72,13 +74,21 @@ class LoadResult:
     skipped: SkippedKeys = field(default_factory=SkippedKeys)
 
 
-def records_for(manifest: Manifest, rank: int | None) -> Callable[[str, bool], TensorRecord | None]:
+def records_for(
+    manifest: Manifest, rank: int | None, headers: ShardHeaders
+) -> Callable[[str, bool], TensorRecord | None]:
+    """The stored record of a key, each held to its shards' headers when first looked up:
+    planning looks a tensor up before it allocates or reads anything for it."""
     local = manifest.rank_local.get(rank) if rank is not None else None
 
     def find(key: str, rank_local: bool) -> TensorRecord | None:
         if rank_local:
-            return local.tensors.get(key) if local else None
-        return manifest.tensors.get(key)
+            record = local.tensors.get(key) if local else None
+        else:
+            record = manifest.tensors.get(key)
+        if record is not None:
+            headers.check(key, record)
+        return record
 
     return find
 
@@ -110,13 +120,14 @@ def load_into(
     started = time.perf_counter()
     group = coord if coord is not None and coord.world_size > 1 else None
     planned = _plan_or_fail(
-        state, storage.root, manifest, rank, strict, rank_local_refusal, group, timeout
+        state, storage, manifest, rank, strict, rank_local_refusal, group, timeout
     )
     route = choose_route(_facts(planned, storage, manifest, group, read_once, hosts), timeout)
     rollback, waits = _undo(route.undo, planned)
     result = LoadResult(storage.root, skipped=skipped_keys(planned.plan))
     try:
-        _transfer(storage, planned.tasks, threads, group, route, result, waits)
+        with load_errors(storage.root):
+            _transfer(storage, planned.tasks, threads, group, route, result, waits)
     except BaseException:
         rollback.restore()  # a failed load leaves the caller's tensors as they were
         raise
@@ -141,7 +152,7 @@ class _Planned:
 
 def _plan_or_fail(
     state: Any,
-    root: str,
+    storage: Storage,
     manifest: Manifest,
     rank: int | None,
     strict: bool,
@@ -150,10 +161,11 @@ def _plan_or_fail(
     timeout: float | None,
 ) -> _Planned:
     """The plan, or its error raised on every rank: the others are entering the load's
-    first gather, and fail with it instead of waiting."""
-    find = records_for(manifest, rank)
+    first gather, and fail with it instead of waiting. Each tensor planned is first held
+    to its shards' headers (one read per file), before anything is allocated for it."""
     try:
-        plan = _plan(state, manifest, rank, find, strict, root, rank_local_refusal)
+        find = records_for(manifest, rank, ShardHeaders(storage, manifest))
+        plan = _plan(state, manifest, rank, find, strict, storage.root, rank_local_refusal)
         per_read = tasks_per_read(plan.reads, find)
     except Exception as exc:
         if group is not None:
@@ -305,15 +317,17 @@ def _cold_whole_chunks(storage: Storage, tasks: list[ReadTask]) -> bool:
 
 
 def pages_cached(storage: Storage, tasks: list[ReadTask]) -> bool:
-    """Whether the shards' pages look cached: the first, middle and last chunk of each file
-    probed (a backend that cannot tell says yes, and keeps the mapped load)."""
+    """Whether the shards' pages look cached: the last byte of the first, middle and last
+    chunk of each file probed (a backend that cannot tell says yes, and keeps the mapped
+    load). Last bytes, not first: reading the header, just before, brought the pages right
+    after it in with the kernel's readahead, whatever the state of the rest."""
     probe = capabilities(storage).page_cache
     if probe is None:
         return True
-    starts: dict[str, list[int]] = {}
+    lasts: dict[str, list[int]] = {}
     for t in tasks:
-        starts.setdefault(t.chunk.file, []).append(t.chunk.start)
-    for file, offsets in starts.items():
+        lasts.setdefault(t.chunk.file, []).append(max(t.chunk.start, t.chunk.end - 1))
+    for file, offsets in lasts.items():
         offsets.sort()
         probes = sorted({offsets[0], offsets[len(offsets) // 2], offsets[-1]})
         if not probe.cached(file, probes):

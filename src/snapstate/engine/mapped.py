@@ -31,6 +31,7 @@ from snapstate.engine.chunkread import (
     task_itemsize,
     verify,
 )
+from snapstate.engine.headers import shard_gone
 from snapstate.engine.readorder import open_reader, read_from
 from snapstate.engine.staging import copy_threads, host_memory_bytes
 from snapstate.errors import CorruptCheckpointError
@@ -129,7 +130,10 @@ def _readers(storage: Storage, files: set[str]) -> Iterator[dict[str, FileReader
     readers: dict[str, FileReader] = {}
     try:
         for file in sorted(files):
-            readers[file] = open_reader(storage, file)
+            try:
+                readers[file] = open_reader(storage, file)
+            except FileNotFoundError:  # mapped a moment ago: removed since (an overwrite)
+                raise shard_gone(file, None) from None
         yield readers
     finally:
         for reader in readers.values():
@@ -145,7 +149,7 @@ def _mappings(storage: MappableFiles, files: set[str]) -> Iterator[dict[str, mem
             try:
                 maps[file] = storage.map_file(file)
             except FileNotFoundError:
-                raise CorruptCheckpointError("shard file is missing", file=file) from None
+                raise shard_gone(file, None) from None
             except EOFError as exc:
                 raise CorruptCheckpointError(f"shard file is truncated: {exc}", file=file) from None
             views[file] = memoryview(maps[file])

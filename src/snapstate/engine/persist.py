@@ -25,8 +25,9 @@ _STOP = object()
 _io_errors: dict[type[OSError], type[CheckpointIOError]] = {}
 
 
-def as_checkpoint_error(exc: BaseException, root: str) -> BaseException:
-    """An OSError of a save as a CheckpointIOError of the same kind (errno and path kept).
+def as_checkpoint_error(exc: BaseException, root: str, doing: str = "saving") -> BaseException:
+    """An OSError of a save (or a load: ``doing``) as a CheckpointIOError of the same kind
+    (errno and path kept).
 
     Other exceptions, and OSErrors that already are CheckpointErrors, come back unchanged.
     """
@@ -43,7 +44,7 @@ def as_checkpoint_error(exc: BaseException, root: str) -> BaseException:
         )
         _io_errors[kind] = cls
     reason = exc.strerror or str(exc)
-    err = cls(exc.errno, f"{reason} (saving {root})", exc.filename)
+    err = cls(exc.errno, f"{reason} ({doing} {root})", exc.filename)
     err.__cause__ = exc
     return err
 

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from snapstate.engine.headers import shard_gone
 from snapstate.errors import CorruptCheckpointError
 from snapstate.state.views import with_gaps
 from snapstate.storage.base import FileReader, Storage, VectoredReader, capabilities
@@ -84,7 +85,7 @@ def _read_file(
     try:
         reader = open_reader(storage, file)
     except FileNotFoundError:
-        raise CorruptCheckpointError("shard file is missing", file=file, key=reads[0].key) from None
+        raise shard_gone(file, reads[0].key) from None
     try:
         for batch in batches(sorted(reads, key=lambda r: r.offset)):
             _read_batch(reader, batch)
@@ -161,7 +162,7 @@ def read_from(reader: FileReader, file: str, offset: int, out: memoryview, key: 
     try:
         reader.read_into(offset, out)
     except FileNotFoundError:
-        raise CorruptCheckpointError("shard file is missing", file=file, key=key) from None
+        raise shard_gone(file, key) from None
     except EOFError as exc:
         raise CorruptCheckpointError(
             f"shard file is truncated: {exc}", file=file, key=key

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
+from snapstate.engine.chunkread import load_errors
+from snapstate.engine.headers import ShardHeaders
 from snapstate.engine.load import (
     DEFAULT_READ_THREADS,
     plan_tasks,
@@ -32,7 +34,7 @@ def read_plain(
     asked for that lies in per-rank state is then an IncompatibleStateError, as is a key the
     checkpoint lacks, or an Enum whose class is not imported.
     """
-    planned = _plan(manifest, keys, rank)
+    planned = _plan(storage, manifest, keys, rank)
     if planned.plan.mismatches:  # before any byte is read
         raise IncompatibleStateError(storage.root, planned.plan.mismatches)
     _read(storage, planned, manifest, rank, threads)
@@ -49,7 +51,7 @@ def read_available(
     """As :func:`read_plain`, but values that cannot be read here (an Enum of a class not
     imported) are left out and listed instead; per-rank values without a rank too, when
     ``keys`` is None. What a consolidating export needs."""
-    planned = _plan(manifest, keys, rank)
+    planned = _plan(storage, manifest, keys, rank)
     _read(storage, planned, manifest, rank, threads)
     skipped = [StateMismatch(p, "per-rank state, of no rank here") for p in planned.plan.skipped]
     left_out = skipped if keys is None and rank is None else []
@@ -63,11 +65,15 @@ class _Planned(NamedTuple):
     wanted: tuple[str, ...]  # the key paths asked for (none: everything)
 
 
-def _plan(manifest: Manifest, keys: Sequence[str] | None, rank: int | None) -> _Planned:
+def _plan(
+    storage: Storage, manifest: Manifest, keys: Sequence[str] | None, rank: int | None
+) -> _Planned:
+    """The structure to fill, its tensors allocated once their shards' headers agree with
+    the manifest (``records_for``)."""
     wanted = tuple(k.strip("/") for k in keys) if keys is not None else None
     valid = rank if rank is not None and rank in manifest.rank_local else None
     trees = manifest.rank_local[valid].trees if valid is not None else None
-    find = records_for(manifest, valid)
+    find = records_for(manifest, valid, ShardHeaders(storage, manifest))
     value, plan = plan_materialize(manifest.tree, stored_lookup(find), trees, wanted)
     return _Planned(value, plan, find, wanted or ())
 
@@ -80,7 +86,8 @@ def _read(
     problems = _unread(value, wanted, plan.skipped, manifest, rank)
     if problems:
         raise IncompatibleStateError(storage.root, problems)
-    run_reads(storage, plan_tasks(plan.reads, find), threads)
+    with load_errors(storage.root):
+        run_reads(storage, plan_tasks(plan.reads, find), threads)
     for finalize in plan.finalizers:  # numpy scalars and tuples take their slots once read
         finalize()
 

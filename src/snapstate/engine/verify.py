@@ -5,11 +5,10 @@ from __future__ import annotations
 import errno
 from dataclasses import dataclass, field
 
+from snapstate.engine.headers import ShardHeaders
 from snapstate.errors import CheckpointIOError, CheckpointNotFoundError, CorruptCheckpointError
-from snapstate.format.dtypes import safetensors_entry
 from snapstate.format.integrity import verify_blocks
 from snapstate.format.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
-from snapstate.format.shard import MAX_HEADER_BYTES, parse_header
 from snapstate.storage.base import Storage, capabilities, read_capped
 
 VERIFY_READ_BYTES = 64 << 20
@@ -106,24 +105,10 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
     """
     manifest = read_manifest(storage)
     report = VerifyReport(storage.root, files=len(manifest.files))
-    by_file: dict[str, dict[str, tuple[int, int, str, list[int]]]] = {}
-    for key, rec in manifest.all_tensors().items():
-        report.tensors += 1
-        for chunk in rec.chunks:
-            st_dtype, st_shape = (
-                ("U8", [chunk.end - chunk.start])  # compressed frames are stored as bytes
-                if chunk.compressed
-                else safetensors_entry(rec.dtype, tuple(chunk.sizes), chunk.end - chunk.start)
-            )
-            by_file.setdefault(chunk.file, {})[chunk.name] = (
-                chunk.start,
-                chunk.end,
-                st_dtype,
-                st_shape,
-            )
-    for path in manifest.files:
+    headers = ShardHeaders(storage, manifest)
+    for path in manifest.files:  # every file's header, those holding no chunk included
         try:
-            _check_header(storage, path, manifest.files[path].bytes, by_file.get(path, {}))
+            headers.parsed(path, None)
         except CorruptCheckpointError as exc:
             if exc.key is not None:
                 raise
@@ -131,33 +116,15 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
                 exc.reason, file=path, key=keys_in_file(manifest, path)
             ) from None
     for key, rec in manifest.all_tensors().items():
+        report.tensors += 1
+        headers.check(key, rec)
+    for key, rec in manifest.all_tensors().items():
         for chunk in rec.chunks:
             report.chunks += 1
             report.bytes_checked += _check_chunk(storage, key, chunk)
             if progress is not None:
                 progress(chunk.end - chunk.start)  # type: ignore[operator]
     return report
-
-
-def _check_header(
-    storage: Storage, path: str, size: int, expected: dict[str, tuple[int, int, str, list[int]]]
-) -> None:
-    prefix = storage.read_bytes(path, 0, 8)
-    header_len = int.from_bytes(prefix[:8], "little") if len(prefix) == 8 else 0
-    # Never read more than the cap: parse_header rejects a larger size without looking at it.
-    prefix += storage.read_bytes(path, 8, min(header_len, max(size - 8, 0), MAX_HEADER_BYTES))
-    parsed = parse_header(prefix, size, path)
-    for name, (start, end, st_dtype, st_shape) in expected.items():
-        entry = parsed.entries.get(name)
-        if entry is None or (entry[2], entry[3], entry[0], entry[1]) != (
-            start,
-            end,
-            st_dtype,
-            st_shape,
-        ):
-            raise CorruptCheckpointError(
-                "shard header disagrees with the manifest", file=path, key=name
-            )
 
 
 def _check_chunk(storage: Storage, key: str, chunk) -> int:  # type: ignore[no-untyped-def]

@@ -2,7 +2,7 @@
 
 snapstate plans every byte of a shard before writing it, so the header is built up front and
 the data is then written at known offsets, possibly in parallel. ``parse_header`` treats the
-file as untrusted input.
+file as untrusted input; ``check_chunk_entry`` holds its header to what the manifest says.
 """
 
 from __future__ import annotations
@@ -10,8 +10,13 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from snapstate.errors import CorruptCheckpointError
+from snapstate.format.dtypes import SAFETENSORS, safetensors_entry
+
+if TYPE_CHECKING:
+    from snapstate.format.manifest import ChunkRecord
 
 HEADER_ALIGN = 64  # data buffer starts 64-byte aligned; tensors are ordered by itemsize
 MAX_HEADER_BYTES = 100 << 20  # the cap safetensors' own reader applies
@@ -122,3 +127,42 @@ def _check_no_holes(
         raise CorruptCheckpointError(
             f"shard buffer ends at byte {position}, the file at {file_size}", file=file
         )
+
+
+def check_chunk_entry(parsed: ParsedShard, chunk: ChunkRecord, dtype: str, key: str) -> None:
+    """The shard header says of ``chunk`` what the manifest says (``dtype`` is the tensor's
+    name on disk): its dtype, shape and byte range, so stored bytes are never reinterpreted.
+    A difference is a CorruptCheckpointError naming the file, the key and what differs."""
+    entry = parsed.entries.get(chunk.name)
+    if entry is None:
+        raise CorruptCheckpointError(
+            f"shard header disagrees with the manifest: it has no entry {chunk.name!r}",
+            file=chunk.file,
+            key=key,
+        )
+    st_dtype, st_shape = _stored_as(chunk, dtype)
+    got_dtype, got_shape, begin, end = entry
+    differences = []
+    if got_dtype != st_dtype:
+        said = dtype if SAFETENSORS.get(dtype) == st_dtype else f"{dtype} stored as {st_dtype}"
+        differences.append(f"manifest says {said}, shard header says {got_dtype}")
+    if list(got_shape) != st_shape:
+        differences.append(f"manifest says shape {st_shape}, shard header says {got_shape}")
+    if (begin, end) != (chunk.start, chunk.end):
+        differences.append(
+            f"manifest says bytes [{chunk.start}, {chunk.end}), shard header says [{begin}, {end})"
+        )
+    if differences:
+        raise CorruptCheckpointError(
+            f"shard header disagrees with the manifest on chunk {chunk.name!r}: "
+            + "; ".join(differences),
+            file=chunk.file,
+            key=key,
+        )
+
+
+def _stored_as(chunk: ChunkRecord, dtype: str) -> tuple[str, list[int]]:
+    """The (dtype, shape) the header gives ``chunk``: compressed frames are bytes."""
+    if chunk.compressed:
+        return "U8", [chunk.end - chunk.start]
+    return safetensors_entry(dtype, tuple(chunk.sizes), chunk.end - chunk.start)
