@@ -2,7 +2,7 @@
 
 from snapstate._version import __version__ as __version__
 from snapstate.api import async_save, inspect, load, read_state, save, verify
-from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.handle import SaveHandle, SaveOutcome, SaveResult
 from snapstate.engine.load import LoadResult
 from snapstate.engine.options import SaveOptions
 from snapstate.engine.staging import HostBufferPool
@@ -52,6 +52,7 @@ __all__ = [
     "ReplicaMismatchError",
     "SaveHandle",
     "SaveOptions",
+    "SaveOutcome",
     "SaveResult",
     "StateRestoreError",
     "Stateful",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import atexit
 import os
 import threading
 from collections.abc import Sequence
@@ -11,9 +10,9 @@ from typing import Any, Literal
 from snapstate.collective.coordinator import default_coordinator
 from snapstate.collective.loadshare import fail_together
 from snapstate.collective.topology import host_count
-from snapstate.engine.background import wait_until_idle
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.inflight import PROCESS
 from snapstate.engine.load import LoadResult, load_into
 from snapstate.engine.options import SaveOptions, with_keywords
 from snapstate.engine.save import start_save
@@ -27,7 +26,6 @@ PathLike = str | os.PathLike[str] | Storage  # a directory, a URL, or a Storage 
 
 _lock = threading.Lock()
 _pool: HostBufferPool | None = None
-_in_flight: SaveHandle | None = None
 
 
 def default_pool() -> HostBufferPool:
@@ -41,10 +39,7 @@ def default_pool() -> HostBufferPool:
 
 def wait_for_pending() -> None:
     """Block until the previous async save ends; raise its error if nobody saw it yet."""
-    global _in_flight
-    handle, _in_flight = _in_flight, None
-    if handle is not None and not handle.observed:
-        handle.wait()
+    PROCESS.settle()
 
 
 def save(
@@ -98,18 +93,16 @@ def _start(
     pool: HostBufferPool | None,
 ) -> SaveHandle:
     """Both saves, once the previous one is over: async when a staging ``pool`` is given."""
-    global _in_flight
-    wait_for_pending()
-    handle = start_save(
-        state,
-        storage_for(path),
-        default_coordinator(process_group),
-        pool=pool,
-        step=step,
-        options=options,
+    return PROCESS.start(
+        lambda: start_save(
+            state,
+            storage_for(path),
+            default_coordinator(process_group),
+            pool=pool,
+            step=step,
+            options=options,
+        )
     )
-    _in_flight = handle
-    return handle
 
 
 def load(
@@ -214,20 +207,3 @@ def verify(path: PathLike) -> VerifyReport:
 def inspect(path: PathLike) -> Manifest:
     """The validated manifest of a committed checkpoint."""
     return read_manifest(storage_for(path))
-
-
-# How long exit waits for save threads to let go of finished jobs (microseconds, normally);
-# a thread stuck on a dead peer must not hold the exit for long.
-EXIT_IDLE_WAIT_S = 10.0
-
-
-@atexit.register
-def _finish_in_flight() -> None:
-    # A process that exits right after async_save still commits its last checkpoint.
-    handle = _in_flight
-    if handle is not None:
-        try:
-            handle.wait()
-        except Exception:  # noqa: BLE001 - nothing left to report to at exit
-            pass
-    wait_until_idle(EXIT_IDLE_WAIT_S)  # see engine/background.py: a busy thread aborts exit

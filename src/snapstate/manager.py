@@ -14,7 +14,8 @@ from typing import Any
 
 from snapstate import api
 from snapstate.collective.coordinator import Coordinator, default_coordinator, gather_within
-from snapstate.engine.handle import SaveHandle, SaveResult
+from snapstate.engine.handle import SaveOutcome, SaveResult
+from snapstate.engine.inflight import SaveSlot
 from snapstate.engine.options import SaveOptions, with_keywords
 from snapstate.errors import (
     CheckpointError,
@@ -41,9 +42,11 @@ class CheckpointManager:
     """Checkpoints of one training run under ``root/step-000000100/``.
 
     ``keep_last`` newest and every ``keep_every``-th step are kept; others are deleted only
-    after a newer checkpoint has committed. ``async_save=True`` makes ``save`` return after
-    staging; at most one save is in flight and the next ``save`` waits for it. ``timeout``
-    (seconds) bounds every wait for the other ranks, in saves and in ``restore``.
+    after a newer checkpoint has committed. ``save`` returns a SaveOutcome: the SaveHandle
+    after staging with ``async_save=True``, else the SaveResult; at most one save is in flight
+    and the next ``save`` waits for it. ``options`` are the SaveOptions of every save; ``timeout`` (seconds, the
+    options' field of that name, a ValueError if it contradicts them) bounds every wait for
+    the other ranks, in saves and in ``restore``.
     """
 
     def __init__(
@@ -67,7 +70,7 @@ class CheckpointManager:
         self.options = with_keywords(options, timeout=timeout)  # a ValueError if they disagree
         self.coord: Coordinator = default_coordinator(process_group)
         self.corrupt_steps: dict[int, str] = {}  # steps skipped by restore(), with the reason
-        self._pending: SaveHandle | None = None
+        self._saves = SaveSlot()  # this manager's save in flight, for retention after it
         self._lock = RootLock(self.storage) if self.coord.rank == 0 else None
         if self._lock is not None:
             self.storage.makedirs()
@@ -96,16 +99,16 @@ class CheckpointManager:
         )
 
     # -- save / restore ----------------------------------------------------------
-    def save(self, step: int, state: Any) -> SaveHandle | SaveResult:
-        """Checkpoint ``state`` as ``step``; async managers return a handle after staging."""
+    def save(self, step: int, state: Any) -> SaveOutcome:
+        """Checkpoint ``state`` as ``step``: an async manager returns the SaveHandle after
+        staging, a blocking one the SaveResult once committed; ``wait()`` gives it on both."""
         self.wait()
         kwargs = {"step": step, "process_group": self.process_group, "options": self.options}
         if not self.async_save:
             result = api.save(state, self.path(step), **kwargs)
             self._apply_retention()
             return result
-        self._pending = api.async_save(state, self.path(step), **kwargs)
-        return self._pending
+        return self._saves.start(lambda: api.async_save(state, self.path(step), **kwargs))
 
     def restore(self, state: Any, step: int | None = None, *, strict: bool = True) -> int | None:
         """Load ``step`` (default: the latest valid one) into ``state``; None if there is none.
@@ -141,18 +144,10 @@ class CheckpointManager:
         return None
 
     def wait(self) -> SaveResult | None:
-        """Wait for the save in flight (raising its error), then apply retention."""
-        handle, self._pending = self._pending, None
-        if handle is None:
-            return None
-        seen = handle.observed
-        try:
-            result = handle.wait()
-        except Exception:
-            if seen:  # the caller already got this error from handle.wait(): report it once
-                return None
-            raise
-        self._apply_retention()
+        """Wait for the save in flight (raising its error once), then apply retention."""
+        result = self._saves.settle()
+        if result is not None:
+            self._apply_retention()
         return result
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ contradict the options they come with."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import pydoc
 from pathlib import Path
 
@@ -63,3 +64,47 @@ def test_a_manager_refuses_a_timeout_that_contradicts_its_options(tmp_path: Path
         ss.CheckpointManager(tmp_path, timeout=5, options=ss.SaveOptions(timeout=60))
     with ss.CheckpointManager(tmp_path, timeout=5, options=ss.SaveOptions(threads=2)) as mgr:
         assert mgr.options.timeout == 5 and mgr.options.threads == 2
+
+
+def test_save_async_save_and_the_manager_share_one_options_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every save reaches the engine through api._start with with_keywords' merge: the same
+    settings, given as keywords, options or a manager's, arrive as the same SaveOptions."""
+    arrived: list[ss.SaveOptions] = []
+    real = ss.api.start_save
+
+    def recording(*args: object, options: ss.SaveOptions, **kwargs: object) -> ss.SaveHandle:
+        arrived.append(options)
+        return real(*args, options=options, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ss.api, "start_save", recording)
+    given = ss.SaveOptions(threads=2)
+    state = {"x": torch.ones(3)}
+    ss.save(state, tmp_path / "a", timeout=30.0, options=given)
+    ss.async_save(state, tmp_path / "b", timeout=30.0, options=given).wait()
+    for async_save in (False, True):
+        with ss.CheckpointManager(
+            tmp_path / f"m{async_save}", async_save=async_save, timeout=30.0, options=given
+        ) as mgr:
+            mgr.save(1, state).wait()
+    assert arrived == [dataclasses.replace(given, timeout=30.0)] * 4
+
+
+@pytest.mark.parametrize("entry", ["save", "async_save", "manager"])
+def test_every_entry_names_the_contradicted_field(entry: str, tmp_path: Path) -> None:
+    options = ss.SaveOptions(timeout=60)
+    with pytest.raises(ValueError, match=r"^timeout=5 contradicts options.timeout=60"):
+        if entry == "manager":
+            ss.CheckpointManager(tmp_path, timeout=5, options=options)
+        else:
+            getattr(ss, entry)({"x": torch.ones(3)}, tmp_path / "c", timeout=5, options=options)
+    assert not (tmp_path / "c").exists()
+
+
+def test_async_save_takes_the_keywords_of_save_and_a_pool() -> None:
+    """One set of keywords: async_save's are save's (same defaults, same types) plus ``pool``."""
+    blocking = inspect.signature(ss.save).parameters
+    background = dict(inspect.signature(ss.async_save).parameters)
+    assert background.pop("pool").default is None
+    assert list(background.values()) == list(blocking.values())

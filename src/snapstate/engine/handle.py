@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from snapstate.engine.background import run_in_background
 from snapstate.errors import CheckpointTimeoutError
@@ -25,6 +26,24 @@ class SaveResult:
     commit_s: float
     total_s: float
     timings: dict[str, float] = field(default_factory=dict)
+
+    def done(self) -> bool:
+        """A result is a save that is over (so it is a SaveOutcome, like a SaveHandle)."""
+        return True
+
+    def wait(self, timeout: float | None = None) -> SaveResult:
+        """The result itself: a finished save has nothing left to wait for."""
+        return self
+
+
+class SaveOutcome(Protocol):
+    """What ``CheckpointManager.save`` returns: a SaveHandle while the save is in flight
+    (an async manager), its SaveResult once it is over (a blocking one); ``wait()`` gives
+    the SaveResult either way, or raises the save's error."""
+
+    def done(self) -> bool: ...
+
+    def wait(self, timeout: float | None = None) -> SaveResult: ...
 
 
 class SaveHandle:
