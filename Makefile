@@ -6,7 +6,7 @@ PIP := $(BIN)/pip install -c constraints.txt
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-all lint typecheck bench bench-small clean venv venv-tf venv-chainer venv-peers test-frameworks \
-	venv-integrations test-integrations
+	venv-integrations test-integrations bench-integrations
 
 venv: $(STAMP)
 
@@ -115,6 +115,10 @@ $(INT_STAMP): pyproject.toml constraints.txt
 
 test-integrations: $(INT_STAMP)
 	$(INT_VENV)/bin/python -m pytest -q -p no:cacheprovider tests/integrations
+
+# Lightning's CheckpointIOs beside snapstate's plug-in (docs/integrations.md, "Measured")
+bench-integrations: $(INT_STAMP)
+	$(INT_VENV)/bin/snapstate bench --preset integrations --out bench-integrations
 
 clean:
 	rm -rf $(VENV) $(TF_VENV) $(CH_VENV) $(PE_VENV) $(INT_VENV) build dist src/*.egg-info .pytest_cache

@@ -56,6 +56,8 @@ def train_on_rank(raw: dict[str, Any], rank: int, world: int) -> None:
     job = TrainJob(**raw)
     trainer = build_trainer(job.framework, TrainConfig(**job.train), rank, world)
     methods = {name: get_method(name)(rank, world) for name in job.methods}
+    for method in methods.values():
+        method.prepare(trainer)
     if job.resume_from:
         (method,) = methods.values()
         method.load(trainer, Path(job.resume_from))

@@ -44,6 +44,15 @@ FRAMEWORKS: dict[str, Framework] = {
         "SNAPSTATE_PEERS_PYTHON",
         "processes",
     ),
+    # Lightning's CheckpointIOs and snapstate's plug-in on the same PyTorch trainer, in
+    # .venv-integrations (make venv-integrations)
+    "integrations": Framework(
+        "integrations",
+        "snapstate.bench.train:Trainer",
+        ".venv-integrations",
+        "SNAPSTATE_INTEGRATIONS_PYTHON",
+        "processes",
+    ),
     "chainer": Framework(
         "chainer",
         "snapstate.bench.chainer_train:ChainerTrainer",
@@ -73,6 +82,8 @@ def python_for(name: str) -> str | None:
     explicit = os.environ.get(fw.python_env)
     if explicit:
         return explicit if Path(explicit).exists() else None
+    if Path(sys.prefix).name == fw.venv:  # the harness itself runs in that environment
+        return sys.executable
     for root in (Path.cwd(), project_root()):
         candidate = root / fw.venv / "bin" / "python"
         if candidate.exists():

@@ -23,6 +23,15 @@ FRAMEWORK_METHODS = ALL_METHODS + TF_METHODS + CHAINER_METHODS
 # The fastest peers (pip install -e '.[peers]'): measured beside DCP, torch.save and snapstate
 PEER_METHODS = ("torchsnapshot", "torchsnapshot-async", "dlrover-flash")
 
+# Lightning's CheckpointIOs beside snapstate's plug-in and ss.async_save of the same dict
+# (make venv-integrations)
+INTEGRATION_METHODS = (
+    "lightning-torch",
+    "lightning-async",
+    "lightning-snapstate",
+    "lightning-ss-async",
+)
+
 
 @dataclass(frozen=True)
 class DeterminismPlan:
@@ -123,6 +132,20 @@ PRESETS: dict[str, BenchConfig] = {
         determinism=DeterminismPlan(
             ("torchsnapshot", "dlrover-flash", "snapstate"), "gpt:p=10M", ranks=2, steps=8, every=4
         ),
+        timeout_s=1200.0,
+    ),
+    "integrations": BenchConfig(
+        preset="integrations",
+        # The trainers' own checkpointing on a GPT-shaped state (tens of MB on 2 cores)
+        models=("gpt:p=10M",),
+        ranks=(1, 2),
+        methods=INTEGRATION_METHODS,
+        steps=14,
+        every=4,
+        repeats=2,
+        batch=8,
+        samples=512,
+        determinism=DeterminismPlan(INTEGRATION_METHODS, "gpt:p=10M", ranks=2, steps=8, every=4),
         timeout_s=1200.0,
     ),
     "study": BenchConfig(

@@ -463,10 +463,19 @@ def render_markdown(doc: dict[str, Any]) -> str:
     parts = [header_section(doc)]
     if doc["records"]:
         parts += [main_table(doc) + "\n", rq1(doc), rq2(doc), rq3(doc), rq4(doc), rq5(doc)]
+        parts += [integrations(doc)]
     else:
         parts += ["No measurement records.\n", rq3(doc)]
     parts += [methods_section(doc), notes_section(doc)]
-    return "\n".join(parts)
+    return "\n".join(p for p in parts if p)
+
+
+def integrations(doc: dict[str, Any]) -> str:
+    """The trainer plug-ins' table and glue ratio, when the sweep ran them."""
+    from snapstate.bench.integrations_report import section
+    from snapstate.bench.presets import INTEGRATION_METHODS
+
+    return section(doc, INTEGRATION_METHODS)
 
 
 def render_report(doc: dict[str, Any], out: Path) -> Path:

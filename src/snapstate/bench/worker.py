@@ -161,6 +161,7 @@ def files_by_rank(method: Method, path: Path) -> list[dict[str, Any]]:
 def measure_method(trainer: BenchTrainer, job: MeasureJob, name: str, root: Path) -> dict[str, Any]:
     method = get_method(name)(trainer.rank, trainer.world)
     try:
+        method.prepare(trainer)
         seg = run_segment(trainer, job, method, root)
         last = Path(seg.paths[-1])
         loads = [time_load(trainer, method, last) for _ in range(LOAD_REPEATS)]

@@ -5,7 +5,13 @@ inside methods, so the registry (names, MethodInfo) is readable from any environ
 method runs in its framework's environment (``snapstate.bench.frameworks``).
 """
 
-from snapstate.bench.methods import chainer_methods, peer_methods, tf_methods, torch_methods
+from snapstate.bench.methods import (
+    chainer_methods,
+    lightning_methods,
+    peer_methods,
+    tf_methods,
+    torch_methods,
+)
 from snapstate.bench.methods.registry import (
     METHODS,
     BenchTrainer,
@@ -24,6 +30,7 @@ __all__ = [
     "MethodInfo",
     "Pending",
     "chainer_methods",
+    "lightning_methods",
     "peer_methods",
     "get_method",
     "method_names",

@@ -104,6 +104,10 @@ class Method(ABC):
 
         return unavailable(cls.info.framework)
 
+    def prepare(self, trainer: Any) -> None:
+        """Set-up a user does once before training (a trainer's own objects), off the clock."""
+        return None
+
     def save(self, trainer: Any, path: Path) -> Pending:
         pending = Pending(now())
         # A new save waits for the previous one; that wait is training time lost, so it counts.
