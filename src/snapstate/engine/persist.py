@@ -304,7 +304,7 @@ class RankWriter:
         started = time.perf_counter()
         writer, staged = self._writers[job.file], job.staged
         if self._compressed is not None:
-            self._compress(job)
+            self._compress(self._compressed, job)
             nbytes = 0  # counted when the file is written
         elif isinstance(staged, GatheredBytes):
             nbytes = write_gathered(writer, staged.buffers, job.at)
@@ -315,15 +315,15 @@ class RankWriter:
             self.stats.bytes_written += nbytes
             self.stats.write_s += time.perf_counter() - started
 
-    def _compress(self, job: _Job) -> None:
+    def _compress(self, compressed: dict[str, CompressedFile], job: _Job) -> None:
         """Encode the job's parts; the file goes out once its last chunk is encoded."""
-        pending = self._compressed[job.file]  # type: ignore[index]
+        pending = compressed[job.file]
         for i, (placed, begin, end, last) in enumerate(job.parts):
             if pending.add(placed, job.staged.part(i, begin, end), last):
                 self._write_compressed(job.file)
 
     def _write_compressed(self, path: str) -> None:
-        pending = self._compressed.pop(path, None)  # type: ignore[union-attr]
+        pending = self._compressed.pop(path, None) if self._compressed is not None else None
         if pending is None:
             return
         buffers, places = pending.layout()

@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import errno
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from snapstate.engine.headers import ShardHeaders
 from snapstate.errors import CheckpointIOError, CheckpointNotFoundError, CorruptCheckpointError
 from snapstate.format.integrity import verify_blocks
-from snapstate.format.manifest import MANIFEST, MAX_MANIFEST_BYTES, Manifest, parse_manifest
+from snapstate.format.manifest import (
+    MANIFEST,
+    MAX_MANIFEST_BYTES,
+    ChunkRecord,
+    Manifest,
+    parse_manifest,
+)
 from snapstate.storage.base import Storage, capabilities, read_capped
 
 VERIFY_READ_BYTES = 64 << 20
@@ -98,7 +105,9 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_checkpoint(storage: Storage, progress: object | None = None) -> VerifyReport:
+def verify_checkpoint(
+    storage: Storage, progress: Callable[[int], object] | None = None
+) -> VerifyReport:
     """Check the manifest, every shard header against it, and every checksum block.
 
     Raises CorruptCheckpointError on the first problem, naming the file and key.
@@ -123,11 +132,11 @@ def verify_checkpoint(storage: Storage, progress: object | None = None) -> Verif
             report.chunks += 1
             report.bytes_checked += _check_chunk(storage, key, chunk)
             if progress is not None:
-                progress(chunk.end - chunk.start)  # type: ignore[operator]
+                progress(chunk.end - chunk.start)
     return report
 
 
-def _check_chunk(storage: Storage, key: str, chunk) -> int:  # type: ignore[no-untyped-def]
+def _check_chunk(storage: Storage, key: str, chunk: ChunkRecord) -> int:
     step = (VERIFY_READ_BYTES // chunk.block_bytes) * chunk.block_bytes or chunk.block_bytes
     for offset in range(chunk.start, max(chunk.end, chunk.start + 1), step):
         length = min(step, chunk.end - offset)
