@@ -140,7 +140,9 @@ PRESETS: dict[str, BenchConfig] = {
         models=("gpt:p=10M",),
         ranks=(1, 2),
         methods=INTEGRATION_METHODS,
-        steps=14,
+        # six checkpoints per segment: with three, the first save's one-time costs (the
+        # Trainer's first dump, the first staging buffers) were a third of every median
+        steps=26,
         every=4,
         repeats=2,
         batch=8,

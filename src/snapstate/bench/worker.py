@@ -72,6 +72,7 @@ def run_segment(
     trainer: BenchTrainer, job: MeasureJob, method: Method | None, root: Path
 ) -> Segment:
     """Train ``job.steps`` steps; checkpoint every ``job.every`` steps strictly before the last."""
+    settle_writeback()
     barrier()
     saves: list[tuple[Pending, float]] = []
     steps, paths, off_clock = [], [], 0.0
@@ -96,6 +97,13 @@ def run_segment(
         seg.save_s.append(max(p.save_s, blocking))
         seg.extra.append(p.extra)
     return seg
+
+
+def settle_writeback() -> None:
+    """Flush every dirty page before a segment starts, off the clock: a method that does not
+    fsync (torch.save, Lightning's IOs) leaves its bytes to the kernel's writeback, which would
+    otherwise run during, and be charged to, the next method's saves."""
+    os.sync()
 
 
 def timed_save(method: Method, trainer: BenchTrainer, path: Path) -> tuple[Pending, float]:
