@@ -30,6 +30,24 @@ def new_version() -> str:
     return f"{time.time_ns():x}-{os.getpid():x}"
 
 
+class VersionIds:
+    """Version ids every rank derives alike without talking at each save: rank 0's run token,
+    agreed once (``agree``: rank 0's value on every rank), then a count that every rank
+    advances at each save (they all save, in the same order). Saves took one broadcast each
+    before, a tenth of the plug-in's blocking time on 2 gloo ranks."""
+
+    def __init__(self, agree: Callable[[str], str]) -> None:
+        self._agree = agree
+        self._token: str | None = None
+        self._count = 0
+
+    def next(self) -> str:
+        if self._token is None:
+            self._token = self._agree(new_version())
+        self._count += 1
+        return f"{self._token}-{self._count}"
+
+
 def publish(path: str, target: str) -> None:
     """Point ``path`` at the committed ``target`` in one rename; remove what it named before."""
     previous = _own_target(path)

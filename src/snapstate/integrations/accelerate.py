@@ -40,6 +40,7 @@ class SnapstateAccelerate:
         self.timeout = timeout
         self.loaders = [_Position.attach(dl) for dl in accelerator._dataloaders]
         self._publisher = _publish.Publisher()  # waits for the commit, then publishes
+        self._versions = _publish.VersionIds(agreed)
 
     def state(self, extra: dict[str, Any] | None = None) -> dict[str, Any]:
         """What ``save`` writes: plain state dicts, the RNG and positions rank-local."""
@@ -60,7 +61,7 @@ class SnapstateAccelerate:
         """
         self.wait()
         path = os.fspath(path)
-        target = _publish.version_dir(path, agreed(_publish.new_version()))
+        target = _publish.version_dir(path, self._versions.next())
         rank = self.accelerator.process_index
         if not self.async_save:
             ss.save(self.state(extra), target, timeout=self.timeout)

@@ -59,6 +59,7 @@ class SnapstateCheckpointIO(CheckpointIO):
         self.options = options
         self.collective = False  # set by SnapstateCallback: every rank calls save_checkpoint
         self._publisher = _publish.Publisher()  # waits for the commit, then publishes
+        self._versions = _publish.VersionIds(agreed)
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -75,7 +76,7 @@ class SnapstateCheckpointIO(CheckpointIO):
             )
         self.wait()
         path = os.fspath(path)
-        target = _publish.version_dir(path, agreed(_publish.new_version()))
+        target = _publish.version_dir(path, self._versions.next())
         kwargs: dict[str, Any] = {"timeout": self.timeout, "options": self.options}
         if not self.async_save:
             ss.save(checkpoint, target, **kwargs)
