@@ -5,11 +5,12 @@ structure, not init noise); its fp32 weights, the same weights in bf16, and Adam
 are then compressed on one thread by plain zstd-1, by snapstate's codec (byte planes, then
 zstd-1: ``format/codec.py``), and by zipnn where installed (always on a copy: zipnn 0.5.4
 reorders its input buffer in place). Last, the trained state is saved to a moto S3 server on
-loopback with and without ``SaveOptions(compression="zstd")``, interleaved, medians. Every
-figure comes from this one run; JSON first (``--json``), then the table.
+loopback and to the local disk, with and without ``SaveOptions(compression="zstd")``,
+interleaved, medians. Every figure comes from this one run; JSON first (``--json``), then
+the table.
 
     .venv/bin/python benchmarks/bench_compress.py [--width 384] [--layers 4] [--steps 300]
-        [--repeats 3] [--json PATH]
+        [--repeats 3] [--json PATH] [--local-dir DIR]
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import json
 import logging
 import os
 import statistics
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -138,19 +140,34 @@ def s3_saves(state: dict[str, Any], repeats: int) -> dict[str, Any]:
         aws_secret_access_key="testing",
         region_name="us-east-1",
     ).create_bucket(Bucket="bench")
-    times: dict[str, list[float]] = {"raw": [], "zstd": []}
-    stored: dict[str, int] = {}
     try:
-        for i in range(repeats + 1):  # round 0 warms up (plan cache, connections), untimed
-            for name, compression in (("raw", None), ("zstd", "zstd")):
-                storage = FsspecStorage(f"s3://bench/{uuid.uuid4().hex}", **options)
-                started = time.perf_counter()
-                ss.save(state, storage, options=ss.SaveOptions(compression=compression))
-                if i:
-                    times[name].append(time.perf_counter() - started)
-                stored[name] = ss.inspect(storage).totals["bytes"]
+        return interleaved_saves(
+            state, lambda: FsspecStorage(f"s3://bench/{uuid.uuid4().hex}", **options), repeats
+        )
     finally:
         server.stop()
+
+
+def local_saves(state: dict[str, Any], repeats: int, root: str) -> dict[str, Any]:
+    """The same saves to the local disk under ``root`` (fsynced): where the codec does not pay."""
+    with tempfile.TemporaryDirectory(dir=root) as tmp:
+        return interleaved_saves(state, lambda: os.path.join(tmp, uuid.uuid4().hex), repeats)
+
+
+def interleaved_saves(
+    state: dict[str, Any], new_target: Callable[[], Any], repeats: int
+) -> dict[str, Any]:
+    """Blocking saves raw and compressed, alternating, to a fresh target each; medians."""
+    times: dict[str, list[float]] = {"raw": [], "zstd": []}
+    stored: dict[str, int] = {}
+    for i in range(repeats + 1):  # round 0 warms up (plan cache, connections), untimed
+        for name, compression in (("raw", None), ("zstd", "zstd")):
+            target = new_target()
+            started = time.perf_counter()
+            ss.save(state, target, options=ss.SaveOptions(compression=compression))
+            if i:
+                times[name].append(time.perf_counter() - started)
+            stored[name] = ss.inspect(target).totals["bytes"]
     return {
         name: {"save_s": statistics.median(t), "bytes": stored[name], "all_s": t}
         for name, t in times.items()
@@ -164,6 +181,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--local-dir", default=".", help="a directory on the local disk")
     args = parser.parse_args()
     torch.set_num_threads(1)  # per core: every codec on one thread
     model, optim = train(args.width, args.layers, args.steps)
@@ -174,6 +192,7 @@ def main() -> None:
         }
     state = {"model": model, "optim": optim}
     results["s3"] = s3_saves(state, args.repeats)
+    results["local"] = local_saves(state, args.repeats, args.local_dir)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
@@ -196,13 +215,13 @@ def report(results: dict[str, Any]) -> None:
                 f"{r['decompress_MBps']:.0f}",
             )
     console.print(table)
-    s3 = results["s3"]
-    raw, zstd = s3["raw"], s3["zstd"]
-    console.print(
-        f"S3 (moto, loopback) blocking save: raw {raw['save_s']:.2f} s for {raw['bytes']} B, "
-        f"zstd {zstd['save_s']:.2f} s for {zstd['bytes']} B: time ratio "
-        f"{zstd['save_s'] / raw['save_s']:.2f}x, bytes ratio {raw['bytes'] / zstd['bytes']:.3f}x"
-    )
+    for key, label in (("s3", "S3 (moto, loopback)"), ("local", "local disk, fsynced")):
+        raw, zstd = results[key]["raw"], results[key]["zstd"]
+        console.print(
+            f"{label} blocking save: raw {raw['save_s']:.2f} s for {raw['bytes']} B, "
+            f"zstd {zstd['save_s']:.2f} s for {zstd['bytes']} B: time ratio "
+            f"{zstd['save_s'] / raw['save_s']:.2f}x, bytes ratio {raw['bytes'] / zstd['bytes']:.3f}x"
+        )
 
 
 if __name__ == "__main__":
