@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import shutil
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from transformers import Trainer
@@ -29,7 +30,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 import snapstate as ss
 from snapstate.integrations import _publish
-from snapstate.integrations._read import is_checkpoint_dir
+from snapstate.integrations._read import dist_world, is_checkpoint_dir
 
 TRAINER_STATE = "trainer_state.json"
 SUPPORTED = (
@@ -170,7 +171,18 @@ class SnapstateTrainerMixin:
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if not self._ours(checkpoint):
             return super()._load_rng_state(checkpoint)  # type: ignore[misc]
-        ss.load({"rng": ss.RNGState()}, checkpoint)  # type: ignore[arg-type]
+        assert checkpoint is not None  # _ours said so
+        saved_on = ss.inspect(checkpoint).world_size
+        if saved_on != dist_world():
+            # The Trainer's rule for its own files: the RNG of another world size is skipped,
+            # the rest resumes (a DDP job resumed on fewer ranks after a node failure).
+            warnings.warn(
+                f"{checkpoint} holds the RNG states of {saved_on} processes, this run has "
+                f"{dist_world()}: they are not restored, the resume is not reproducible",
+                stacklevel=2,
+            )
+            return
+        ss.load({"rng": ss.RNGState()}, checkpoint)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
