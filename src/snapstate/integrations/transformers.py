@@ -192,6 +192,9 @@ class SnapstateTrainerMixin:
 
     def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
         self.wait_for_checkpoint()  # the best model and the last rotation need the last save
+        # Under DDP only rank 0 renames; the Trainer's next collective (store_flos) holds the
+        # others until it has, so every rank finds the best checkpoint where rank 0 does (and
+        # loads it with rank 0: ss.load is collective). _save_checkpoint waits in that order too.
         return super()._finalize_training(*args, **kwargs)  # type: ignore[misc]
 
     def _ours(self, checkpoint: str | None) -> bool:
