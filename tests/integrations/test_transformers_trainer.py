@@ -237,18 +237,25 @@ def test_ddp_killed_while_a_save_is_in_flight_resumes_bitwise_from_a_committed_o
     assert_resumed_bitwise(reference_ddp, killed, resumed, start=start, world=2)
 
 
-def test_a_ddp_checkpoint_resumes_on_one_process_without_the_ranks_rngs(
-    server: LineServer, work: Path, killed_ddp: Path
+@pytest.mark.parametrize("saved_on, resumed_on", [(2, 1), (1, 2)])
+def test_a_checkpoint_resumes_on_another_world_size_without_the_ranks_rngs(
+    server: LineServer, work: Path, killed_ddp: Path, saved_on: int, resumed_on: int
 ) -> None:
-    # A job resumed on fewer ranks (after a node failure): model, optimizer and scheduler
-    # load, the RNGs of 2 ranks cannot serve 1 and are skipped with a warning, as the Trainer
-    # skips its own files' (they failed the resume before).
-    out = work / "ddp-to-one"
-    shutil.copytree(killed_ddp / "run", out / "run")
-    resumed = train(server, out, resume=True)
-    assert [step for step, _ in losses(resumed)] == list(range(10, 25))  # 8 steps an epoch now
-    log = (resumed / "rank0.log").read_text()
-    assert "holds the RNG states of 2 processes, this run has 1" in log
+    # A job resumed on fewer ranks (after a node failure) or more: model, optimizer and
+    # scheduler load, the per-rank RNGs cannot serve the new ranks and are skipped with a
+    # warning, as the Trainer skips its own files' (they failed the resume before).
+    out = work / f"world-{saved_on}-to-{resumed_on}"
+    if saved_on == 2:
+        killed, at = killed_ddp, 9
+    else:
+        killed, at = train(server, work / "world-1", KILLED, kill_at=5), 3
+    shutil.copytree(killed / "run", out / "run")
+    resumed = train(server, out, resume=True, world=resumed_on)
+    warning = f"holds the RNG states of world size {saved_on}, this run's is {resumed_on}"
+    for rank in range(resumed_on):
+        steps = [step for step, _ in losses(resumed, rank)]
+        assert steps == list(range(at + 1, 24 // resumed_on + 1))
+        assert warning in (resumed / f"rank{rank}.log").read_text()
 
 
 def test_ddp_every_rank_sees_the_checkpoints_rank_0_renamed_into_place(

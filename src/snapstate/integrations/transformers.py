@@ -177,7 +177,7 @@ class SnapstateTrainerMixin:
             # The Trainer's rule for its own files: the RNG of another world size is skipped,
             # the rest resumes (a DDP job resumed on fewer ranks after a node failure).
             warnings.warn(
-                f"{checkpoint} holds the RNG states of {saved_on} processes, this run has "
+                f"{checkpoint} holds the RNG states of world size {saved_on}, this run's is "
                 f"{dist_world()}: they are not restored, the resume is not reproducible",
                 stacklevel=2,
             )
