@@ -171,18 +171,8 @@ class SnapstateTrainerMixin:
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if not self._ours(checkpoint):
             return super()._load_rng_state(checkpoint)  # type: ignore[misc]
-        assert checkpoint is not None  # _ours said so
-        saved_on = ss.inspect(checkpoint).world_size
-        if saved_on != dist_world():
-            # The Trainer's rule for its own files: the RNG of another world size is skipped,
-            # the rest resumes (a DDP job resumed on fewer ranks after a node failure).
-            warnings.warn(
-                f"{checkpoint} holds the RNG states of world size {saved_on}, this run's is "
-                f"{dist_world()}: they are not restored, the resume is not reproducible",
-                stacklevel=2,
-            )
-            return
-        ss.load({"rng": ss.RNGState()}, checkpoint)
+        if checkpoint is not None and rngs_fit(checkpoint):
+            ss.load({"rng": ss.RNGState()}, checkpoint)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
@@ -224,6 +214,22 @@ class _Publication:
             save_total_limit=self.args.save_total_limit,
             best_model_checkpoint=self.best,
         )
+
+
+def rngs_fit(checkpoint: str) -> bool:
+    """True when ``checkpoint`` was saved on this run's world size; else warn.
+
+    The Trainer's rule for its own files: the per-rank RNGs of another world size are
+    skipped and the rest resumes (a DDP job resumed on fewer ranks after a node failure).
+    """
+    saved_on, world = ss.inspect(checkpoint).world_size, dist_world()
+    if saved_on != world:
+        warnings.warn(
+            f"{checkpoint} holds the RNG states of world size {saved_on}, this run's is "
+            f"{world}: they are not restored, the resume is not reproducible",
+            stacklevel=3,
+        )
+    return saved_on == world
 
 
 def replace_dir(source: str, path: str) -> None:
