@@ -21,6 +21,7 @@ import dataclasses
 import json
 import os
 import shutil
+import warnings
 from typing import TYPE_CHECKING, Any
 
 from transformers import Trainer
@@ -29,7 +30,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 import snapstate as ss
 from snapstate.integrations import _publish
-from snapstate.integrations._read import is_checkpoint_dir
+from snapstate.integrations._read import dist_world, is_checkpoint_dir
 
 TRAINER_STATE = "trainer_state.json"
 SUPPORTED = (
@@ -170,7 +171,8 @@ class SnapstateTrainerMixin:
     def _load_rng_state(self, checkpoint: str | None) -> None:
         if not self._ours(checkpoint):
             return super()._load_rng_state(checkpoint)  # type: ignore[misc]
-        ss.load({"rng": ss.RNGState()}, checkpoint)  # type: ignore[arg-type]
+        if checkpoint is not None and rngs_fit(checkpoint):
+            ss.load({"rng": ss.RNGState()}, checkpoint)
 
     def _load_best_model(self) -> None:
         best = self.state.best_model_checkpoint
@@ -180,6 +182,9 @@ class SnapstateTrainerMixin:
 
     def _finalize_training(self, *args: Any, **kwargs: Any) -> Any:
         self.wait_for_checkpoint()  # the best model and the last rotation need the last save
+        # Under DDP only rank 0 renames; the Trainer's next collective (store_flos) holds the
+        # others until it has, so every rank finds the best checkpoint where rank 0 does (and
+        # loads it with rank 0: ss.load is collective). _save_checkpoint waits in that order too.
         return super()._finalize_training(*args, **kwargs)  # type: ignore[misc]
 
     def _ours(self, checkpoint: str | None) -> bool:
@@ -209,6 +214,22 @@ class _Publication:
             save_total_limit=self.args.save_total_limit,
             best_model_checkpoint=self.best,
         )
+
+
+def rngs_fit(checkpoint: str) -> bool:
+    """True when ``checkpoint`` was saved on this run's world size; else warn.
+
+    The Trainer's rule for its own files: the per-rank RNGs of another world size are
+    skipped and the rest resumes (a DDP job resumed on fewer ranks after a node failure).
+    """
+    saved_on, world = ss.inspect(checkpoint).world_size, dist_world()
+    if saved_on != world:
+        warnings.warn(
+            f"{checkpoint} holds the RNG states of world size {saved_on}, this run's is "
+            f"{world}: they are not restored, the resume is not reproducible",
+            stacklevel=3,
+        )
+    return saved_on == world
 
 
 def replace_dir(source: str, path: str) -> None:
