@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import pickle
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -27,6 +28,7 @@ from snapstate.format.marker import Marker
 from snapstate.planning.holdings import gather_holdings
 from snapstate.planning.items import Box, ItemMeta, Placement
 from snapstate.planning.layout import PlanOptions, SavePlan, plan_from
+from snapstate.planning.metatable import pack
 from snapstate.planning.replicas import groups_from, witness_candidates
 
 GiB = 1 << 30
@@ -163,68 +165,83 @@ def rank_metas(
     model: Model, mesh: Mesh, cfg: SimConfig
 ) -> dict[tuple[int, int, int], list[ItemMeta]]:
     """Metadata per distinct (pp, dp, tp) coordinate (replicas share one list, as they are equal)."""
+    dp_groups = mesh.dp if cfg.shard_optimizer else 1
+    return {
+        (pp, dp, tp): coord_metas(model, mesh, cfg, (pp, dp, tp))
+        for pp in range(mesh.pp)
+        for tp in range(mesh.tp)
+        for dp in range(dp_groups)
+    }
+
+
+def rank_metas_of(model: Model, mesh: Mesh, cfg: SimConfig, rank: int) -> list[ItemMeta]:
+    """What one rank derives of its own state before the gather."""
+    return coord_metas(model, mesh, cfg, _coord_key(mesh.coords(rank), cfg))
+
+
+def coord_metas(
+    model: Model, mesh: Mesh, cfg: SimConfig, coord: tuple[int, int, int]
+) -> list[ItemMeta]:
+    """The metadata of the ranks at (pp, dp, tp): parameters, optimizer steps and states."""
     states = {"adam": ("master", "exp_avg", "exp_avg_sq"), "sgd": ("momentum",), "none": ()}[
         cfg.optimizer
     ]
     dp_groups = mesh.dp if cfg.shard_optimizer else 1
-    out: dict[tuple[int, int, int], list[ItemMeta]] = {}
-    tensors = model.tensors()
-    for pp in range(mesh.pp):
-        mine = [t for t in tensors if stage_of(t[3], model.layers, mesh.pp) == pp]
-        for tp in range(mesh.tp):
-            params = [
-                ItemMeta(
-                    f"model/{k}", "bfloat16", s, 2, Placement.SHARD, (_tp_box(s, d, tp, mesh.tp),)
-                )
-                for k, s, d, _ in mine
-            ]
-            steps = [
-                ItemMeta(
-                    f"optim/state/{k}/step", "float32", (), 4, Placement.REPLICATE, (Box.full(()),)
-                )
-                for k, _, _, _ in mine
-                if states
-            ]
-            for dp in range(dp_groups):
-                opt = [
-                    ItemMeta(
-                        f"optim/state/{k}/{name}",
-                        "float32",
-                        s,
-                        4,
-                        Placement.SHARD,
-                        (
-                            _dp_box(_tp_box(s, d, tp, mesh.tp), dp, dp_groups)
-                            if dp_groups > 1
-                            else _tp_box(s, d, tp, mesh.tp),
-                        ),
-                    )
-                    for k, s, d, _ in mine
-                    for name in states
-                ]
-                out[(pp, dp, tp)] = params + steps + opt
-    return out
+    pp, dp, tp = coord
+    mine = [t for t in model.tensors() if stage_of(t[3], model.layers, mesh.pp) == pp]
+    params = [
+        ItemMeta(f"model/{k}", "bfloat16", s, 2, Placement.SHARD, (_tp_box(s, d, tp, mesh.tp),))
+        for k, s, d, _ in mine
+    ]
+    steps = [
+        ItemMeta(f"optim/state/{k}/step", "float32", (), 4, Placement.REPLICATE, (Box.full(()),))
+        for k, _, _, _ in mine
+        if states
+    ]
+    opt = [
+        ItemMeta(
+            f"optim/state/{k}/{name}",
+            "float32",
+            s,
+            4,
+            Placement.SHARD,
+            (
+                _dp_box(_tp_box(s, d, tp, mesh.tp), dp, dp_groups)
+                if dp_groups > 1
+                else _tp_box(s, d, tp, mesh.tp),
+            ),
+        )
+        for k, s, d, _ in mine
+        for name in states
+    ]
+    return params + steps + opt
 
 
 def simulate(cfg: SimConfig) -> SimReport:
     model = Model.named(cfg.model)
     mesh = _mesh(cfg)
     timings: dict[str, float] = {}
-    started = time.perf_counter()
-    by_coord = rank_metas(model, mesh, cfg)
-    all_metas = [by_coord[_coord_key(mesh.coords(r), cfg)] for r in range(cfg.ranks)]
-    timings["metadata"] = time.perf_counter() - started
+    with gc_paused():  # setup, not a rank's work: every rank's metadata, as it sends it
+        by_coord = rank_metas(model, mesh, cfg)
+        all_metas = [by_coord[_coord_key(mesh.coords(r), cfg)] for r in range(cfg.ranks)]
+        sent = {id(m): pickle.dumps(pack(m)) for m in by_coord.values()}
+        gathered = [sent[id(m)] for m in all_metas]
     options = PlanOptions(chunk_bytes=cfg.chunk_mib << 20, max_file_bytes=cfg.file_gib * GiB)
-    started = time.perf_counter()
     with gc_paused():  # as in a save, whose planning runs with the cyclic collector paused
-        # what one rank computes (collective/exchange.py): the index of every rank's metadata,
-        # the whole assignment, its own files, the replica groups and what it witnesses
-        holdings = gather_holdings(all_metas)
+        # what one rank spends before it writes (collective/exchange.py): its own metadata,
+        # the gathered metadata of every rank decoded, their index, the whole assignment, its
+        # own files, the replica groups and what it witnesses
+        started = time.perf_counter()
+        pack(rank_metas_of(model, mesh, cfg, 0))
+        tables = [pickle.loads(blob) for blob in gathered]
+        timings["metadata"] = time.perf_counter() - started
+        started = time.perf_counter()
+        holdings = gather_holdings(tables)
         plan = plan_from(holdings, options)
         plan.for_rank(0)
         groups_from(holdings)
         witness_candidates(plan, 0)
-    timings["plan (per rank)"] = time.perf_counter() - started
+        timings["plan (per rank)"] = time.perf_counter() - started
     started = time.perf_counter()
     rank_plans = plan.ranks  # every rank's files: for this report, not part of a rank's save
     timings["layout of all ranks (report only)"] = time.perf_counter() - started
@@ -235,8 +252,6 @@ def simulate(cfg: SimConfig) -> SimReport:
         sum(per_rank[i : i + cfg.ranks_per_node]) for i in range(0, cfg.ranks, cfg.ranks_per_node)
     ]
     bandwidth = cfg.node_gbps * 1e9
-    import pickle
-
     return SimReport(
         config=asdict(cfg),
         model={**asdict(model), "params": model.params},
@@ -250,7 +265,7 @@ def simulate(cfg: SimConfig) -> SimReport:
         files=sum(len(r.files) for r in rank_plans),
         chunks=chunks,
         manifest_bytes=manifest_bytes,
-        metadata_bytes_per_rank=max(len(pickle.dumps(m)) for m in by_coord.values()),
+        metadata_bytes_per_rank=max(len(b) for b in sent.values()),
         ideal_max_bytes=ideal_max(all_metas),
         predicted_save_s=max(per_node) / bandwidth,
         rank0_only_save_s=sum(per_rank) / bandwidth,
