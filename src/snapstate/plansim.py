@@ -23,7 +23,7 @@ import click
 from snapstate.engine.commit import assemble_manifest, marker_chunk
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.format.integrity import block_count
-from snapstate.format.manifest import parse_manifest
+from snapstate.format.manifest import Manifest, parse_manifest
 from snapstate.format.marker import Marker
 from snapstate.planning.holdings import gather_holdings
 from snapstate.planning.items import Box, ItemMeta, Placement
@@ -226,6 +226,8 @@ def simulate(cfg: SimConfig) -> SimReport:
         all_metas = [by_coord[_coord_key(mesh.coords(r), cfg)] for r in range(cfg.ranks)]
         sent = {id(m): pickle.dumps(pack(m)) for m in by_coord.values()}
         gathered = [sent[id(m)] for m in all_metas]
+        metadata_bytes = max(len(b) for b in sent.values())
+        del sent
     options = PlanOptions(chunk_bytes=cfg.chunk_mib << 20, max_file_bytes=cfg.file_gib * GiB)
     with gc_paused():  # as in a save, whose planning runs with the cyclic collector paused
         # what one rank spends before it writes (collective/exchange.py): its own metadata,
@@ -242,6 +244,7 @@ def simulate(cfg: SimConfig) -> SimReport:
         groups_from(holdings)
         witness_candidates(plan, 0)
         timings["plan (per rank)"] = time.perf_counter() - started
+        del gathered, tables  # what the gather received: not kept by a save either
     started = time.perf_counter()
     rank_plans = plan.ranks  # every rank's files: for this report, not part of a rank's save
     timings["layout of all ranks (report only)"] = time.perf_counter() - started
@@ -265,7 +268,7 @@ def simulate(cfg: SimConfig) -> SimReport:
         files=sum(len(r.files) for r in rank_plans),
         chunks=chunks,
         manifest_bytes=manifest_bytes,
-        metadata_bytes_per_rank=max(len(b) for b in sent.values()),
+        metadata_bytes_per_rank=metadata_bytes,
         ideal_max_bytes=ideal_max(all_metas),
         predicted_save_s=max(per_node) / bandwidth,
         rank0_only_save_s=sum(per_rank) / bandwidth,
@@ -307,17 +310,28 @@ def _coord_key(coords: tuple[int, int, int], cfg: SimConfig) -> tuple[int, int, 
 def _manifest(plan: SavePlan, block_bytes: int) -> tuple[int, int, float, float]:
     """The manifest a save of this plan commits (checksums faked), its size and timings."""
     started = time.perf_counter()
+    manifest = _manifest_of(plan, block_bytes)
+    raw = manifest.to_json()
+    chunks = sum(len(t.chunks) for t in manifest.tensors.values())
+    built = time.perf_counter() - started
+    started = time.perf_counter()
+    parse_manifest(raw)
+    return len(raw), chunks, built, time.perf_counter() - started
+
+
+def _manifest_of(plan: SavePlan, block_bytes: int) -> Manifest:
+    """What the commit assembles from every rank's marker, each block's checksum made up."""
     markers = []
-    chunks = 0
     for rank_plan in plan.ranks:
         items = [
             marker_chunk(
-                p, block_bytes, ["0123456789abcdef"] * block_count(p.item.nbytes, block_bytes)
+                p,
+                block_bytes,
+                [f"{i:016x}" for i in range(block_count(p.item.nbytes, block_bytes))],
             )
             for f in rank_plan.files
             for p in f.items
         ]
-        chunks += len(items)
         markers.append(
             Marker(
                 rank=rank_plan.rank,
@@ -326,11 +340,7 @@ def _manifest(plan: SavePlan, block_bytes: int) -> tuple[int, int, float, float]
                 kinds={},
             )
         )
-    raw = assemble_manifest(plan, markers, {"d": []}, 0, {}).to_json()
-    built = time.perf_counter() - started
-    started = time.perf_counter()
-    parse_manifest(raw)
-    return len(raw), chunks, built, time.perf_counter() - started
+    return assemble_manifest(plan, markers, {"d": []}, 0, {})
 
 
 def format_report(r: SimReport) -> str:
