@@ -56,10 +56,12 @@ class HoldingArrays:
     first_rank: np.ndarray  # the first of them
     nbytes: np.ndarray
     empty_shard: np.ndarray  # no element of a tensor that has some: nothing to write
-    holders: np.ndarray  # every holding's ranks, holding after holding
-    starts: np.ndarray  # where each holding's ranks start in ``holders``
+    holders: np.ndarray  # the ranks of each holding several ranks hold, holding after holding
+    starts: np.ndarray  # where each such holding's ranks start in ``holders``
 
     def ranks_of(self, h: int) -> list[int]:
+        if self.counts[h] == 1:
+            return [int(self.first_rank[h])]
         start = int(self.starts[h])
         return self.holders[start : start + int(self.counts[h])].tolist()
 
@@ -156,11 +158,13 @@ def _first_metas(g: _Gathered, rows: np.ndarray) -> tuple[dict[int, int], list[s
     uniq, first = np.unique(key_ids, return_index=True)
     first_of = np.zeros(len(g.key_names), dtype=np.int64)
     first_of[uniq] = rows[first]
-    # what ranks must agree on: dtype, placement, ndim, shape (not itemsize, nor from_rank0)
-    agreed = np.hstack(
-        [g.dtype_ids[:, None], g.metas[:, PLACEMENT : PLACEMENT + 1], g.metas[:, NDIM:]]
-    )
-    differ = np.any(agreed[rows] != agreed[first_of[key_ids]], axis=1)
+    # what ranks must agree on: dtype, placement, ndim, shape (not itemsize, nor from_rank0);
+    # a column at a time, without copying the table
+    lead = first_of[key_ids]
+    differ = g.dtype_ids[rows] != g.dtype_ids[lead]
+    for column in (PLACEMENT, *range(NDIM, g.metas.shape[1])):
+        values = g.metas[:, column]
+        differ |= values[rows] != values[lead]
     problems = [
         _describe(
             int(g.meta_rank[first_of[g.key_ids[r]]]),
@@ -185,9 +189,13 @@ def _index_boxes(g: _Gathered, mask: np.ndarray) -> HoldingArrays:
     position[order] = np.arange(len(first), dtype=np.int64)
     holding = position[inverse.ravel()]
     counts = np.bincount(holding, minlength=len(first)).astype(np.int64)
-    holders = g.meta_rank[metas][np.argsort(holding, kind="stable")]  # rank order kept
-    starts = np.cumsum(counts) - counts
     lead = rows[first[order]]  # each holding's first box row
+    # the ranks of boxes several ranks hold, grouped by holding in rank order (the rest's
+    # only rank is that of its first row)
+    several = np.flatnonzero(counts[holding] > 1)
+    grouped = several[np.argsort(holding[several], kind="stable")]
+    holders = g.meta_rank[metas[grouped]]
+    starts = np.cumsum(np.where(counts > 1, counts, 0)) - np.where(counts > 1, counts, 0)
     meta = g.box_meta[lead]
     w = g.width
     sizes = g.boxes[lead, 1 + w :]
@@ -201,7 +209,7 @@ def _index_boxes(g: _Gathered, mask: np.ndarray) -> HoldingArrays:
         itemsize=itemsize,
         from_rank0=g.metas[meta, FROM_RANK0].astype(bool),
         counts=counts,
-        first_rank=holders[starts],
+        first_rank=g.meta_rank[g.box_meta[lead]],
         nbytes=numel * itemsize,
         empty_shard=(numel == 0) & (np.prod(g.metas[meta, SHAPE:], axis=1, dtype=np.int64) > 0),
         holders=holders,
