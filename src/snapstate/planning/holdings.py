@@ -23,6 +23,8 @@ from snapstate.planning.metatable import (
     PLACEMENTS,
     SHAPE,
     MetaTable,
+    Names,
+    item_meta,
     pack,
     widened,
 )
@@ -100,15 +102,12 @@ class _Gathered:
         self.meta_rank = np.repeat(np.arange(len(tables), dtype=np.int64), counts)
         base = np.cumsum(counts, dtype=np.int64) - np.array(counts, dtype=np.int64)
         self.box_meta = self.boxes[:, 0] + np.repeat(base, [len(t.boxes) for t in tables])
-        self.keys = [k for t in tables for k in t.keys]
-        self.dtypes = [d for t in tables for d in t.dtypes]
-        self.key_names, self.key_ids = _ids(self.keys)
-        self.dtype_ids = _ids(self.dtypes)[1]
+        self.key_names, self.key_ids = _ids([t.keys for t in tables])
+        self.dtype_names, self.dtype_ids = _ids([t.dtypes for t in tables])
 
     def meta_at(self, row: int, with_boxes: bool = True) -> ItemMeta:
-        values = self.metas[row].tolist()
-        n = values[NDIM]
         boxes: tuple[Box, ...] = ()
+        n = int(self.metas[row, NDIM])
         if with_boxes:  # a meta's box rows are consecutive: tables list them in meta order
             lo, hi = np.searchsorted(self.box_meta, [row, row + 1])
             w = self.width
@@ -116,14 +115,11 @@ class _Gathered:
                 Box(tuple(b[1 : 1 + n]), tuple(b[1 + w : 1 + w + n]))
                 for b in self.boxes[lo:hi].tolist()
             )
-        return ItemMeta(
-            self.keys[row],
-            self.dtypes[row],
-            tuple(values[SHAPE : SHAPE + n]),
-            values[ITEMSIZE],
-            PLACEMENTS[values[PLACEMENT]],
+        return item_meta(
+            self.key_names[self.key_ids[row]],
+            self.dtype_names[self.dtype_ids[row]],
+            self.metas[row].tolist(),
             boxes,
-            bool(values[FROM_RANK0]),
         )
 
 
@@ -133,7 +129,7 @@ def gather_holdings(all_metas: Sequence[Sequence[ItemMeta] | MetaTable]) -> Hold
     shared = g.metas[:, PLACEMENT] != RANK_LOCAL
     local = [(int(g.meta_rank[r]), g.meta_at(r)) for r in np.flatnonzero(~shared).tolist()]
     first_row, problems = _first_metas(g, np.flatnonzero(shared))
-    metas = {g.keys[r]: g.meta_at(r) for r in sorted(first_row.values())}
+    metas = {m.key: m for m in (g.meta_at(r) for r in sorted(first_row.values()))}
     arrays = _index_boxes(g, shared[g.box_meta])
     several = [
         Holding(
@@ -217,12 +213,19 @@ def _index_boxes(g: _Gathered, mask: np.ndarray) -> HoldingArrays:
     )
 
 
-def _ids(names: list[str]) -> tuple[list[str], np.ndarray]:
-    """The distinct names in first-seen order, and each name's index among them (C loops:
-    a million names)."""
-    distinct = list(dict.fromkeys(names))
-    index = {name: i for i, name in enumerate(distinct)}
-    return distinct, np.fromiter(map(index.__getitem__, names), np.int64, len(names))
+def _ids(lists: list[Names]) -> tuple[list[str], np.ndarray]:
+    """The distinct names of every rank's list in first-seen order, and each entry's index
+    among them; a list equal to an earlier rank's is indexed once."""
+    index: dict[str, int] = {}
+    known: dict[tuple[str, bytes], np.ndarray] = {}
+    parts = []
+    for names in lists:
+        ids = known.get((names.text, names.lengths))
+        if ids is None:
+            ids = np.array([index.setdefault(n, len(index)) for n in names.split()], dtype=np.int64)
+            known[(names.text, names.lengths)] = ids
+        parts.append(ids)
+    return list(index), np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
 
 
 def _stack(parts: list[np.ndarray], width: int) -> np.ndarray:

@@ -21,20 +21,41 @@ ITEMSIZE, PLACEMENT, FROM_RANK0, NDIM, SHAPE = range(5)
 
 
 @dataclass(frozen=True)
+class Names:
+    """A list of strings as one string and their lengths: unpickled as two objects, not one
+    per name, and the equal lists of many ranks (the keys of a pipeline stage) told equal by
+    one comparison, so each distinct list is split and indexed once."""
+
+    text: str
+    lengths: bytes  # int64 per name
+
+    @staticmethod
+    def of(names: Sequence[str]) -> Names:
+        return Names("".join(names), np.array([len(n) for n in names], dtype=np.int64).tobytes())
+
+    def split(self) -> list[str]:
+        ends = np.cumsum(np.frombuffer(self.lengths, dtype=np.int64)).tolist()
+        return [self.text[a:b] for a, b in zip([0, *ends], ends)]
+
+    def __len__(self) -> int:
+        return len(self.lengths) // 8
+
+
+@dataclass(frozen=True)
 class MetaTable:
     """A rank's metadata: ``keys[i]`` and ``dtypes[i]`` with row ``i`` of ``metas``
     (itemsize, placement index, from_rank0, ndim, shape...) and, per box, a row of ``boxes``
     (meta index, offsets..., sizes...). Dimensions beyond a tensor's ndim are padded with
     offset 0 and size 1, so a padded box's product is still its element count."""
 
-    keys: list[str]
-    dtypes: list[str]
+    keys: Names
+    dtypes: Names
     metas: np.ndarray  # int64, (len(keys), SHAPE + width)
     boxes: np.ndarray  # int64, (boxes, 1 + 2 * width)
     width: int  # the largest ndim
 
     def __len__(self) -> int:
-        return len(self.keys)
+        return len(self.metas)
 
 
 def pack(metas: Sequence[ItemMeta]) -> MetaTable:
@@ -50,24 +71,30 @@ def pack(metas: Sequence[ItemMeta]) -> MetaTable:
         for b in m.boxes:
             box_rows.append([i, *b.offsets, *pad[n:], *b.sizes, *ones[n:]])
     boxes = np.array(box_rows, dtype=np.int64).reshape(len(box_rows), 1 + 2 * width)
-    return MetaTable([m.key for m in metas], [m.dtype for m in metas], rows, boxes, width)
+    return MetaTable(
+        Names.of([m.key for m in metas]), Names.of([m.dtype for m in metas]), rows, boxes, width
+    )
 
 
 def unpack(table: MetaTable) -> list[ItemMeta]:
-    boxes: list[list[Box]] = [[] for _ in table.keys]
+    boxes: list[list[Box]] = [[] for _ in range(len(table))]
     w = table.width
     for row in table.boxes.tolist():
         n = table.metas[row[0], NDIM]
         boxes[row[0]].append(Box(tuple(row[1 : 1 + n]), tuple(row[1 + w : 1 + w + n])))
-    return [meta_of(table, i, tuple(boxes[i])) for i in range(len(table))]
+    keys, dtypes = table.keys.split(), table.dtypes.split()
+    return [
+        item_meta(keys[i], dtypes[i], table.metas[i].tolist(), tuple(boxes[i]))
+        for i in range(len(table))
+    ]
 
 
-def meta_of(table: MetaTable, i: int, boxes: tuple[Box, ...]) -> ItemMeta:
-    row = table.metas[i].tolist()
+def item_meta(key: str, dtype: str, row: list[int], boxes: tuple[Box, ...]) -> ItemMeta:
+    """The ItemMeta of one row of ``MetaTable.metas``."""
     n = row[NDIM]
     return ItemMeta(
-        table.keys[i],
-        table.dtypes[i],
+        key,
+        dtype,
         tuple(row[SHAPE : SHAPE + n]),
         row[ITEMSIZE],
         PLACEMENTS[row[PLACEMENT]],
