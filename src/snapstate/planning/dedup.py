@@ -50,6 +50,8 @@ class Assignment:
         self._local = local
         self.flexible = flexible  # (chunk, its writer), largest first
         self.loads = tuple(loads)  # bytes each rank writes
+        self._asked = False
+        self._by_writer: tuple[np.ndarray, np.ndarray] | None = None
         self._given: dict[int, list[Chunk]] = {}
         for f, rank in flexible:
             self._given.setdefault(rank, []).append(f.chunk)
@@ -63,10 +65,23 @@ class Assignment:
         those it was given, largest first."""
         a = self._holdings.arrays
         fixed: list[Chunk] = []
-        for h in np.flatnonzero(self._fixed_writer == rank).tolist():
+        for h in self._fixed_of(rank):
             meta = self._holdings.meta(int(a.key_ids[h]), bool(a.from_rank0[h]))
             fixed += _pieces(meta, a.box(h), self._chunk_bytes)
         return (*self._local.get(rank, ()), *fixed, *self._given.get(rank, ()))
+
+    def _fixed_of(self, rank: int) -> list[int]:
+        """The holdings ``rank`` alone writes, in first-seen order. The first rank asking
+        scans the writers; a second one (tools laying out every rank) sorts them once."""
+        if self._by_writer is None:
+            if not self._asked:
+                self._asked = True
+                return np.flatnonzero(self._fixed_writer == rank).tolist()
+            order = np.argsort(self._fixed_writer, kind="stable")
+            bounds = np.searchsorted(self._fixed_writer[order], np.arange(self.world_size + 1))
+            self._by_writer = (order, bounds)
+        order, bounds = self._by_writer
+        return order[bounds[rank] : bounds[rank + 1]].tolist()
 
     @property
     def chunks(self) -> tuple[tuple[Chunk, ...], ...]:
