@@ -10,11 +10,13 @@ from typing import Any
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
 
 import snapstate as ss
 from snapstate.format import grid
 
-from .corrupt import edit_manifest, read_manifest
+from .corrupt import edit_manifest, read_manifest, sealed
+from .test_fuzz import MUTATION, mutate
 
 # 1 KB chunks: `w` (16 KB) is a grid of 16 rows of chunks, `v` another of 16
 OPTIONS = ss.SaveOptions(plan=ss.PlanOptions(chunk_bytes=1024), block_bytes=512)
@@ -127,3 +129,28 @@ def test_an_altered_checksum_of_a_grid_chunk_fails_the_data_readers(ckpt: Path) 
     for read in (READERS["load"], READERS["verify"]):
         with pytest.raises(ss.CorruptCheckpointError, match="w"):
             read(ckpt)
+
+
+@settings(
+    max_examples=150,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(mutation=MUTATION)
+def test_fuzzed_grid_loads_exactly_or_raises(pristine: Path, tmp_path: Path, mutation: Any) -> None:
+    """Any one edit inside a grid record (resealed): a CheckpointError, or the exact state."""
+    ckpt = tmp_path / "fuzzed"
+    if ckpt.exists():
+        shutil.rmtree(ckpt)
+    shutil.copytree(pristine, ckpt)
+    doc = read_manifest(ckpt)
+    doc["tensors"]["w"] = mutate(doc["tensors"]["w"], mutation)
+    (ckpt / "manifest.json").write_bytes(sealed(doc))
+    target = blank()
+    try:
+        ss.load(target, ckpt)
+    except ss.CheckpointError:
+        return
+    assert all(torch.equal(target[k], t) for k, t in state().items())
