@@ -131,3 +131,16 @@ def test_disagreements_are_described_as_before() -> None:
 
 def replace_dtype(m: ItemMeta) -> ItemMeta:
     return ItemMeta(m.key, "float64", m.shape, 8, m.placement, m.boxes, m.from_rank0)
+
+
+def test_tables_keep_values_beyond_int32() -> None:
+    big = (1 << 40, 3)  # offsets past 2**31: the table keeps int64 columns
+    metas = [
+        meta("huge", big, (Box((1 << 39, 0), (4, 3)),), placement=Placement.SHARD),
+        meta("small", (4,), (Box.full((4,)),), placement=Placement.REPLICATE),
+    ]
+    assert unpack(pack(metas)) == metas
+    other = [meta("huge", big, (Box((1 << 38, 0), (4, 3)),)), metas[1]]
+    plan = plan_save([metas, other])
+    assert [i.box for i in plan.items_of(0) if i.key == "huge"] == [metas[0].boxes[0]]
+    assert [i.box for i in plan.items_of(1) if i.key == "huge"] == [other[0].boxes[0]]

@@ -96,8 +96,8 @@ class _Gathered:
         width = max((t.width for t in tables), default=0)
         parts = [widened(t, width) for t in tables]
         self.width = width
-        self.metas = _stack([p[0] for p in parts], SHAPE + width)
-        self.boxes = _stack([p[1] for p in parts], 1 + 2 * width)
+        self.metas = _stack([p[0] for p in parts], SHAPE + width).astype(np.int64, copy=False)
+        self.boxes = _stack([p[1] for p in parts], 1 + 2 * width).astype(np.int64, copy=False)
         counts = [len(t) for t in tables]
         self.meta_rank = np.repeat(np.arange(len(tables), dtype=np.int64), counts)
         base = np.cumsum(counts, dtype=np.int64) - np.array(counts, dtype=np.int64)

@@ -27,18 +27,18 @@ class Names:
     one comparison, so each distinct list is split and indexed once."""
 
     text: str
-    lengths: bytes  # int64 per name
+    lengths: bytes  # int32 per name
 
     @staticmethod
     def of(names: Sequence[str]) -> Names:
-        return Names("".join(names), np.array([len(n) for n in names], dtype=np.int64).tobytes())
+        return Names("".join(names), np.array([len(n) for n in names], dtype=np.int32).tobytes())
 
     def split(self) -> list[str]:
-        ends = np.cumsum(np.frombuffer(self.lengths, dtype=np.int64)).tolist()
+        ends = np.cumsum(np.frombuffer(self.lengths, dtype=np.int32), dtype=np.int64).tolist()
         return [self.text[a:b] for a, b in zip([0, *ends], ends)]
 
     def __len__(self) -> int:
-        return len(self.lengths) // 8
+        return len(self.lengths) // 4
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,8 @@ class MetaTable:
 
     keys: Names
     dtypes: Names
-    metas: np.ndarray  # int64, (len(keys), SHAPE + width)
-    boxes: np.ndarray  # int64, (boxes, 1 + 2 * width)
+    metas: np.ndarray  # (len(keys), SHAPE + width), int32 where the values fit, else int64
+    boxes: np.ndarray  # (boxes, 1 + 2 * width), the same
     width: int  # the largest ndim
 
     def __len__(self) -> int:
@@ -72,8 +72,18 @@ def pack(metas: Sequence[ItemMeta]) -> MetaTable:
             box_rows.append([i, *b.offsets, *pad[n:], *b.sizes, *ones[n:]])
     boxes = np.array(box_rows, dtype=np.int64).reshape(len(box_rows), 1 + 2 * width)
     return MetaTable(
-        Names.of([m.key for m in metas]), Names.of([m.dtype for m in metas]), rows, boxes, width
+        Names.of([m.key for m in metas]),
+        Names.of([m.dtype for m in metas]),
+        _narrowed(rows),
+        _narrowed(boxes),
+        width,
     )
+
+
+def _narrowed(values: np.ndarray) -> np.ndarray:
+    """int32 where every value fits (most shapes and offsets do): half the bytes to gather."""
+    small = not values.size or (values.min() >= -(1 << 31) and values.max() < 1 << 31)
+    return values.astype(np.int32) if small else values
 
 
 def unpack(table: MetaTable) -> list[ItemMeta]:
@@ -107,7 +117,7 @@ def widened(table: MetaTable, width: int) -> tuple[np.ndarray, np.ndarray]:
     """The table's two arrays padded to ``width`` dimensions (to stack tables of several ranks)."""
     extra = width - table.width
     if not extra:
-        return table.metas, table.boxes
+        return table.metas, table.boxes  # stacked, then widened to int64 by the caller
     w = table.width
     metas = np.hstack([table.metas, np.ones((len(table.metas), extra), dtype=np.int64)])
     b = table.boxes
