@@ -73,6 +73,7 @@ def test_pristine_reads(ckpt: Path) -> None:
 EDITS: dict[str, tuple[Callable[[dict[str, Any]], None], tuple[str, ...]]] = {
     "grid in a version 2 manifest": (lambda d: d.update(version=2), ("version 2", "has a grid")),
     "grid and chunks": (lambda d: w(d).update(chunks=[]), ("both chunks and a grid", "w")),
+    "rank-local grid": (lambda d: w(d).update(placement="rank_local"), ("rank-local", "w")),
     "grid not a list": (lambda d: w(d).update(grid={"a": 1}), ("w/grid", "not a list")),
     "grid of the wrong rank": (lambda d: w(d).update(grid=[[0, 64]]), ("w/grid", "2 lists")),
     "cuts not rising": (lambda d: w(d)["grid"][0].insert(2, 1), ("w/grid", "do not rise")),

@@ -353,6 +353,8 @@ class _Validator(FieldChecks):
             self.version >= GRID_VERSION, f"a version {self.version} tensor has a grid", key
         )
         self.require("chunks" not in rec, "a tensor has both chunks and a grid", key)
+        # snapstate names a rank-local chunk rank<r>/<key>@...: its grid would name others
+        self.require(rec.get("placement") != "rank_local", "a rank-local tensor has a grid", key)
         if self.file_order is None:  # a grid's file indices: the files in document order
             self.file_order = (list(files), [f.bytes for f in files.values()])
         paths, sizes = self.file_order
