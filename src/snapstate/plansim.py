@@ -330,9 +330,7 @@ def _manifest_of(plan: SavePlan, block_bytes: int) -> Manifest:
     for rank_plan in plan.ranks:
         items = [
             marker_chunk(
-                p,
-                block_bytes,
-                [f"{i:016x}" for i in range(block_count(p.item.nbytes, block_bytes))],
+                p, block_bytes, ["0123456789abcdef"] * block_count(p.item.nbytes, block_bytes)
             )
             for f in rank_plan.files
             for p in f.items

@@ -67,15 +67,18 @@ def grid_form(
             or chunk.block_bytes != block
             or chunk.end - chunk.start != math.prod(sizes) * itemsize
             or chunk.name != chunk_name(key, offsets)
-            or not all(len(d) == DIGEST_CHARS and _HEX.match(d) for d in chunk.xxh3)
         ):
             return None
+    digests = [d for c in ordered for d in c.xxh3]
+    joined = "".join(digests)
+    if set(map(len, digests)) != {DIGEST_CHARS} or not _HEX.match(joined):
+        return None  # checksums of another form than snapstate's: kept as listed
     return {
         "grid": cuts,
         "file": [files[c.file] for c in ordered],
         "start": [c.start for c in ordered],
         "block_bytes": block,
-        "xxh3": "".join(d for c in ordered for d in c.xxh3),
+        "xxh3": joined,
     }
 
 

@@ -63,11 +63,12 @@ class Assignment:
     def chunks_of(self, rank: int) -> tuple[Chunk, ...]:
         """Its rank-local chunks, those of boxes it alone writes (in first-seen order), then
         those it was given, largest first."""
-        a = self._holdings.arrays
+        a, mine = self._holdings.arrays, np.array(self._fixed_of(rank), dtype=np.int64)
         fixed: list[Chunk] = []
-        for h in self._fixed_of(rank):
-            meta = self._holdings.meta(int(a.key_ids[h]), bool(a.from_rank0[h]))
-            fixed += _pieces(meta, a.box(h), self._chunk_bytes)
+        columns = (a.key_ids, a.from_rank0, a.ndim, a.offsets, a.sizes)
+        for key, flag, n, offsets, sizes in zip(*(c[mine].tolist() for c in columns)):
+            box = Box(tuple(offsets[:n]), tuple(sizes[:n]))
+            fixed += _pieces(self._holdings.meta(key, flag), box, self._chunk_bytes)
         return (*self._local.get(rank, ()), *fixed, *self._given.get(rank, ()))
 
     def _fixed_of(self, rank: int) -> list[int]:
