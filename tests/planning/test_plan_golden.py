@@ -50,6 +50,10 @@ def edge_metas(world: int) -> list[list[ItemMeta]]:
 
 
 CASES = {
+    "empty-ranks-3": (
+        lambda: [[], edge_metas(1)[0], []],
+        1 << 12,
+    ),
     "zero-16": (
         lambda: sim_metas(SimConfig(ranks=16, model="1b", tp=2, pp=2, shard_optimizer=True)),
         32 << 20,
