@@ -6,6 +6,12 @@ stages hold their own layers, data-parallel replicas hold identical copies (or, 
 ``--shard-optimizer``, split the optimizer state among themselves). The planner runs exactly
 as in a real save; the report gives bytes per rank, files, manifest size and the predicted
 save time for a per-node bandwidth, against rank 0 writing everything.
+
+Its timings are one rank's: ``metadata`` derives this rank's metadata and decodes the tables
+every rank sends in the gather (pickled as the exchange sends them; the gather's transfer is
+not counted), ``plan (per rank)`` indexes them, assigns every chunk, lays out this rank's
+files and finds its replica groups and witnesses. Each also in CPU time, which other jobs on
+the same cores do not inflate. The other ranks' synthetic metadata is setup, not counted.
 """
 
 from __future__ import annotations
