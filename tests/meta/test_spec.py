@@ -13,9 +13,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import snapstate as ss
+from snapstate.format import grid
 from snapstate.format.manifest import parse_manifest
 from snapstate.format.marker import LocalTensor, Marker, MarkerChunk, parse_marker
 from snapstate.format.shard import ShardEntry, build_header, parse_header
@@ -128,7 +130,10 @@ def test_a_compressed_save_writes_the_documented_codec_fields(tmp_path: Path) ->
     assert found["chunks"] == sorted(MANIFEST["tensors"]["chunks"])
 
 
-def test_a_grid_save_writes_the_documented_grid_fields(tmp_path: Path) -> None:
+def test_a_grid_save_writes_the_documented_grid_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grid, "GRID_MIN_MANIFEST_CHUNKS", 1)  # grids in a small manifest
     options = ss.SaveOptions(plan=ss.PlanOptions(chunk_bytes=256))
     ss.save({"w": torch.zeros(64, 16)}, tmp_path / "ck", options=options)  # 16 chunks
     doc = json.loads((tmp_path / "ck" / "manifest.json").read_bytes())

@@ -37,7 +37,9 @@ def state() -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("grid") / "ckpt"
-    ss.save(state(), path, options=OPTIONS)
+    with pytest.MonkeyPatch.context() as patch:  # a manifest of 4,096 chunks in a small save
+        patch.setattr(grid, "GRID_MIN_MANIFEST_CHUNKS", 1)
+        ss.save(state(), path, options=OPTIONS)
     return path
 
 
@@ -99,9 +101,12 @@ def test_a_damaged_block_of_a_grid_chunk_is_found(saved: Path, tmp_path: Path) -
         ss.load(blank_like(state()), ckpt)
 
 
-def test_few_chunks_stay_version_2(tmp_path: Path) -> None:
-    ss.save({"w": torch.ones(8, 8)}, tmp_path / "small")
-    assert raw(tmp_path / "small")["version"] == 2
+def test_few_chunks_stay_version_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ss.save(state(), tmp_path / "manifest", options=OPTIONS)  # 73 chunks in all
+    assert raw(tmp_path / "manifest")["version"] == 2
+    monkeypatch.setattr(grid, "GRID_MIN_MANIFEST_CHUNKS", 1)
+    ss.save({"w": torch.ones(8, 8)}, tmp_path / "tensor")  # one chunk
+    assert raw(tmp_path / "tensor")["version"] == 2
 
 
 def test_two_dimensional_grids_of_a_sharded_job_read_as_listed(
@@ -119,6 +124,7 @@ def test_two_dimensional_grids_of_a_sharded_job_read_as_listed(
         ss.PlanOptions(chunk_bytes=1 << 20),
     )
     manifest = _manifest_of(plan, 1 << 20)
+    monkeypatch.setattr(grid, "GRID_MIN_MANIFEST_CHUNKS", 1)
     doc = json.loads(manifest.to_json())
     grids = [t["grid"] for t in doc["tensors"].values() if "grid" in t]
     assert any(len(g[0]) > 2 and len(g[1]) > 2 for g in grids)  # both dimensions cut

@@ -20,8 +20,10 @@ from snapstate.format.integrity import block_count
 from snapstate.format.validation import FieldChecks, short
 
 # Fewer chunks stay a list: the grid would save little, and small checkpoints keep the
-# version 2 format older readers read.
+# version 2 format older readers read. Per tensor, and in the whole manifest: below 4,096
+# chunks (about 1 MB of chunk lists) no tensor is written as a grid.
 GRID_MIN_CHUNKS = 16
+GRID_MIN_MANIFEST_CHUNKS = 4096
 # The most chunks the grids of one manifest expand to (a 4,096-rank 70B job has 454,484):
 # records cost about 500 bytes each in memory, so this bounds a hostile manifest to ~1 GB.
 MAX_GRID_CHUNKS = 1 << 21

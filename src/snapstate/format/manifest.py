@@ -121,10 +121,11 @@ class Manifest:
         ordered = {"format": body.pop("format"), "version": body.pop("version"), **body}
         if any(c.compressed for t in self.all_tensors().values() for c in t.chunks):
             ordered["version"] = max(self.version, COMPRESSED_VERSION)
-        where = {path: i for i, path in enumerate(self.files)}
-        ordered["tensors"] = {k: _encoded(k, t, where) for k, t in self.tensors.items()}
-        if any(type(t) is dict for t in ordered["tensors"].values()):
-            ordered["version"] = max(ordered["version"], GRID_VERSION)
+        if sum(len(t.chunks) for t in self.tensors.values()) >= grid.GRID_MIN_MANIFEST_CHUNKS:
+            where = {path: i for i, path in enumerate(self.files)}
+            ordered["tensors"] = {k: _encoded(k, t, where) for k, t in self.tensors.items()}
+            if any(type(t) is dict for t in ordered["tensors"].values()):
+                ordered["version"] = max(ordered["version"], GRID_VERSION)
         raw = json.dumps(
             ordered, separators=(",", ":"), allow_nan=False, default=_record_fields
         ).encode()
