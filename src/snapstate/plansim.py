@@ -6,12 +6,19 @@ stages hold their own layers, data-parallel replicas hold identical copies (or, 
 ``--shard-optimizer``, split the optimizer state among themselves). The planner runs exactly
 as in a real save; the report gives bytes per rank, files, manifest size and the predicted
 save time for a per-node bandwidth, against rank 0 writing everything.
+
+Its timings are one rank's: ``metadata`` derives this rank's metadata and decodes the tables
+every rank sends in the gather (pickled as the exchange sends them; the gather's transfer is
+not counted), ``plan (per rank)`` indexes them, assigns every chunk, lays out this rank's
+files and finds its replica groups and witnesses. Each also in CPU time, which other jobs on
+the same cores do not inflate. The other ranks' synthetic metadata is setup, not counted.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import pickle
 import statistics
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,11 +29,12 @@ import click
 from snapstate.engine.commit import assemble_manifest, marker_chunk
 from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.format.integrity import block_count
-from snapstate.format.manifest import parse_manifest
+from snapstate.format.manifest import Manifest, parse_manifest
 from snapstate.format.marker import Marker
 from snapstate.planning.holdings import gather_holdings
 from snapstate.planning.items import Box, ItemMeta, Placement
 from snapstate.planning.layout import PlanOptions, SavePlan, plan_from
+from snapstate.planning.metatable import pack
 from snapstate.planning.replicas import groups_from, witness_candidates
 
 GiB = 1 << 30
@@ -163,68 +171,91 @@ def rank_metas(
     model: Model, mesh: Mesh, cfg: SimConfig
 ) -> dict[tuple[int, int, int], list[ItemMeta]]:
     """Metadata per distinct (pp, dp, tp) coordinate (replicas share one list, as they are equal)."""
+    dp_groups = mesh.dp if cfg.shard_optimizer else 1
+    return {
+        (pp, dp, tp): coord_metas(model, mesh, cfg, (pp, dp, tp))
+        for pp in range(mesh.pp)
+        for tp in range(mesh.tp)
+        for dp in range(dp_groups)
+    }
+
+
+def rank_metas_of(model: Model, mesh: Mesh, cfg: SimConfig, rank: int) -> list[ItemMeta]:
+    """What one rank derives of its own state before the gather."""
+    return coord_metas(model, mesh, cfg, _coord_key(mesh.coords(rank), cfg))
+
+
+def coord_metas(
+    model: Model, mesh: Mesh, cfg: SimConfig, coord: tuple[int, int, int]
+) -> list[ItemMeta]:
+    """The metadata of the ranks at (pp, dp, tp): parameters, optimizer steps and states."""
     states = {"adam": ("master", "exp_avg", "exp_avg_sq"), "sgd": ("momentum",), "none": ()}[
         cfg.optimizer
     ]
     dp_groups = mesh.dp if cfg.shard_optimizer else 1
-    out: dict[tuple[int, int, int], list[ItemMeta]] = {}
-    tensors = model.tensors()
-    for pp in range(mesh.pp):
-        mine = [t for t in tensors if stage_of(t[3], model.layers, mesh.pp) == pp]
-        for tp in range(mesh.tp):
-            params = [
-                ItemMeta(
-                    f"model/{k}", "bfloat16", s, 2, Placement.SHARD, (_tp_box(s, d, tp, mesh.tp),)
-                )
-                for k, s, d, _ in mine
-            ]
-            steps = [
-                ItemMeta(
-                    f"optim/state/{k}/step", "float32", (), 4, Placement.REPLICATE, (Box.full(()),)
-                )
-                for k, _, _, _ in mine
-                if states
-            ]
-            for dp in range(dp_groups):
-                opt = [
-                    ItemMeta(
-                        f"optim/state/{k}/{name}",
-                        "float32",
-                        s,
-                        4,
-                        Placement.SHARD,
-                        (
-                            _dp_box(_tp_box(s, d, tp, mesh.tp), dp, dp_groups)
-                            if dp_groups > 1
-                            else _tp_box(s, d, tp, mesh.tp),
-                        ),
-                    )
-                    for k, s, d, _ in mine
-                    for name in states
-                ]
-                out[(pp, dp, tp)] = params + steps + opt
-    return out
+    pp, dp, tp = coord
+    mine = [t for t in model.tensors() if stage_of(t[3], model.layers, mesh.pp) == pp]
+    params = [
+        ItemMeta(f"model/{k}", "bfloat16", s, 2, Placement.SHARD, (_tp_box(s, d, tp, mesh.tp),))
+        for k, s, d, _ in mine
+    ]
+    steps = [
+        ItemMeta(f"optim/state/{k}/step", "float32", (), 4, Placement.REPLICATE, (Box.full(()),))
+        for k, _, _, _ in mine
+        if states
+    ]
+    opt = [
+        ItemMeta(
+            f"optim/state/{k}/{name}",
+            "float32",
+            s,
+            4,
+            Placement.SHARD,
+            (
+                _dp_box(_tp_box(s, d, tp, mesh.tp), dp, dp_groups)
+                if dp_groups > 1
+                else _tp_box(s, d, tp, mesh.tp),
+            ),
+        )
+        for k, s, d, _ in mine
+        for name in states
+    ]
+    return params + steps + opt
 
 
 def simulate(cfg: SimConfig) -> SimReport:
     model = Model.named(cfg.model)
     mesh = _mesh(cfg)
     timings: dict[str, float] = {}
-    started = time.perf_counter()
-    by_coord = rank_metas(model, mesh, cfg)
-    all_metas = [by_coord[_coord_key(mesh.coords(r), cfg)] for r in range(cfg.ranks)]
-    timings["metadata"] = time.perf_counter() - started
+    with gc_paused():  # setup, not a rank's work: every rank's metadata, as it sends it
+        by_coord = rank_metas(model, mesh, cfg)
+        all_metas = [by_coord[_coord_key(mesh.coords(r), cfg)] for r in range(cfg.ranks)]
+        sent = {id(m): pickle.dumps(pack(m)) for m in by_coord.values()}
+        gathered = [sent[id(m)] for m in all_metas]
+        metadata_bytes = max(len(b) for b in sent.values())
+        ideal = ideal_max(all_metas)  # for the report; then the metadata objects go
+        del sent, by_coord, all_metas
     options = PlanOptions(chunk_bytes=cfg.chunk_mib << 20, max_file_bytes=cfg.file_gib * GiB)
-    started = time.perf_counter()
     with gc_paused():  # as in a save, whose planning runs with the cyclic collector paused
-        # what one rank computes (collective/exchange.py): the index of every rank's metadata,
-        # the whole assignment, its own files, the replica groups and what it witnesses
-        holdings = gather_holdings(all_metas)
+        # what one rank spends before it writes (collective/exchange.py): its own metadata,
+        # the gathered metadata of every rank decoded, their index, the whole assignment, its
+        # own files, the replica groups and what it witnesses
+        # wall time, and the CPU time of this process (other jobs sharing the cores slow the
+        # first, not the second)
+        started, cpu = time.perf_counter(), time.process_time()
+        pack(rank_metas_of(model, mesh, cfg, 0))
+        tables = [pickle.loads(blob) for blob in gathered]
+        timings["metadata"] = time.perf_counter() - started
+        timings["metadata (cpu)"] = time.process_time() - cpu
+        started, cpu = time.perf_counter(), time.process_time()
+        holdings = gather_holdings(tables)
         plan = plan_from(holdings, options)
         plan.for_rank(0)
         groups_from(holdings)
         witness_candidates(plan, 0)
-    timings["plan (per rank)"] = time.perf_counter() - started
+        timings["plan (per rank)"] = time.perf_counter() - started
+        timings["plan (per rank, cpu)"] = time.process_time() - cpu
+        del gathered, tables  # what the gather received: not kept by a save either
     started = time.perf_counter()
     rank_plans = plan.ranks  # every rank's files: for this report, not part of a rank's save
     timings["layout of all ranks (report only)"] = time.perf_counter() - started
@@ -235,8 +266,6 @@ def simulate(cfg: SimConfig) -> SimReport:
         sum(per_rank[i : i + cfg.ranks_per_node]) for i in range(0, cfg.ranks, cfg.ranks_per_node)
     ]
     bandwidth = cfg.node_gbps * 1e9
-    import pickle
-
     return SimReport(
         config=asdict(cfg),
         model={**asdict(model), "params": model.params},
@@ -250,8 +279,8 @@ def simulate(cfg: SimConfig) -> SimReport:
         files=sum(len(r.files) for r in rank_plans),
         chunks=chunks,
         manifest_bytes=manifest_bytes,
-        metadata_bytes_per_rank=max(len(pickle.dumps(m)) for m in by_coord.values()),
-        ideal_max_bytes=ideal_max(all_metas),
+        metadata_bytes_per_rank=metadata_bytes,
+        ideal_max_bytes=ideal,
         predicted_save_s=max(per_node) / bandwidth,
         rank0_only_save_s=sum(per_rank) / bandwidth,
         timings_s=timings,
@@ -292,8 +321,18 @@ def _coord_key(coords: tuple[int, int, int], cfg: SimConfig) -> tuple[int, int, 
 def _manifest(plan: SavePlan, block_bytes: int) -> tuple[int, int, float, float]:
     """The manifest a save of this plan commits (checksums faked), its size and timings."""
     started = time.perf_counter()
+    manifest = _manifest_of(plan, block_bytes)
+    raw = manifest.to_json()
+    chunks = sum(len(t.chunks) for t in manifest.tensors.values())
+    built = time.perf_counter() - started
+    started = time.perf_counter()
+    parse_manifest(raw)
+    return len(raw), chunks, built, time.perf_counter() - started
+
+
+def _manifest_of(plan: SavePlan, block_bytes: int) -> Manifest:
+    """What the commit assembles from every rank's marker, each block's checksum made up."""
     markers = []
-    chunks = 0
     for rank_plan in plan.ranks:
         items = [
             marker_chunk(
@@ -302,7 +341,6 @@ def _manifest(plan: SavePlan, block_bytes: int) -> tuple[int, int, float, float]
             for f in rank_plan.files
             for p in f.items
         ]
-        chunks += len(items)
         markers.append(
             Marker(
                 rank=rank_plan.rank,
@@ -311,11 +349,7 @@ def _manifest(plan: SavePlan, block_bytes: int) -> tuple[int, int, float, float]
                 kinds={},
             )
         )
-    raw = assemble_manifest(plan, markers, {"d": []}, 0, {}).to_json()
-    built = time.perf_counter() - started
-    started = time.perf_counter()
-    parse_manifest(raw)
-    return len(raw), chunks, built, time.perf_counter() - started
+    return assemble_manifest(plan, markers, {"d": []}, 0, {})
 
 
 def format_report(r: SimReport) -> str:

@@ -13,9 +13,11 @@ import struct
 from pathlib import Path
 from typing import Any
 
+import pytest
 import torch
 
 import snapstate as ss
+from snapstate.format import grid
 from snapstate.format.manifest import parse_manifest
 from snapstate.format.marker import LocalTensor, Marker, MarkerChunk, parse_marker
 from snapstate.format.shard import ShardEntry, build_header, parse_header
@@ -66,6 +68,9 @@ MANIFEST = documented(section("`manifest.json`"))
 # the chunk fields of a compressed save only (SaveOptions(compression="zstd"), version 3)
 CODEC_FIELDS = ("codec", "frames")
 RAW_CHUNK = sorted(f for f in MANIFEST["tensors"]["chunks"] if f not in CODEC_FIELDS)
+# the tensor fields of the grid form only (a tensor of many chunks, version 5), not `chunks`
+GRID_FIELDS = ("grid", "file", "start", "block_bytes", "xxh3")
+LISTED_TENSOR = sorted(f for f in MANIFEST["tensors"] if f not in GRID_FIELDS)
 
 
 def record_fields(doc: dict[str, Any]) -> dict[str, list[str]]:
@@ -75,7 +80,7 @@ def record_fields(doc: dict[str, Any]) -> dict[str, list[str]]:
     found = {
         "": list(doc),
         "tensors": sorted({f for t in tensors for f in t}),
-        "chunks": sorted({f for t in tensors for c in t["chunks"] for f in c}),
+        "chunks": sorted({f for t in tensors for c in t.get("chunks", ()) for f in c}),
         "files": sorted({f for rec in doc["files"].values() for f in rec}),
     }
     if doc["rank_local"]:
@@ -97,7 +102,7 @@ def test_the_worked_example_is_a_valid_manifest() -> None:
 def test_the_worked_example_has_exactly_the_documented_fields() -> None:
     found = record_fields(json.loads(example_manifest()))
     assert found[""] == list(MANIFEST), "SPEC.md lists other manifest members, or in another order"
-    assert found["tensors"] == sorted(MANIFEST["tensors"])
+    assert found["tensors"] == LISTED_TENSOR
     assert found["chunks"] == RAW_CHUNK
     assert found["files"] == sorted(MANIFEST["files"])
 
@@ -112,7 +117,7 @@ def test_a_save_today_writes_the_documented_fields(tmp_path: Path) -> None:
     ss.save(state, tmp_path / "ck", step=100)
     found = record_fields(json.loads((tmp_path / "ck" / "manifest.json").read_bytes()))
     assert found[""] == list(MANIFEST)
-    assert found["tensors"] == sorted(MANIFEST["tensors"])
+    assert found["tensors"] == LISTED_TENSOR
     assert found["chunks"] == RAW_CHUNK
     assert found["files"] == sorted(MANIFEST["files"])
     assert found["rank_local"] == sorted(MANIFEST["rank_local"])
@@ -123,6 +128,18 @@ def test_a_compressed_save_writes_the_documented_codec_fields(tmp_path: Path) ->
     ss.save({"w": torch.zeros(64, 16)}, tmp_path / "ck", options=options)
     found = record_fields(json.loads((tmp_path / "ck" / "manifest.json").read_bytes()))
     assert found["chunks"] == sorted(MANIFEST["tensors"]["chunks"])
+
+
+def test_a_grid_save_writes_the_documented_grid_fields(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(grid, "GRID_MIN_MANIFEST_CHUNKS", 1)  # grids in a small manifest
+    options = ss.SaveOptions(plan=ss.PlanOptions(chunk_bytes=256))
+    ss.save({"w": torch.zeros(64, 16)}, tmp_path / "ck", options=options)  # 16 chunks
+    doc = json.loads((tmp_path / "ck" / "manifest.json").read_bytes())
+    assert doc["version"] == 5
+    expected = sorted({*MANIFEST["tensors"]} - {"chunks"})
+    assert record_fields(doc)["tensors"] == expected
 
 
 def test_the_marker_fields_are_documented() -> None:

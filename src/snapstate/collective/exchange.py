@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import uuid
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -26,6 +26,7 @@ from snapstate.planning.cache import (
 from snapstate.planning.holdings import gather_holdings
 from snapstate.planning.items import ItemMeta
 from snapstate.planning.layout import PlanOptions, SavePlan, plan_from
+from snapstate.planning.metatable import MetaTable, pack
 from snapstate.planning.replicas import ReplicaGroup, WitnessItem, groups_from, witness_candidates
 from snapstate.state.flatten import FlatState
 
@@ -79,7 +80,11 @@ def exchange_plan(
         mine.append((flat, metas, entry))
         token = entry.token if entry is not None else None
         return Offer(
-            digest, token, None if token else metas, uuid.uuid4().hex, _tree_digest(cache, flat)
+            digest,
+            token,
+            None if token else pack(metas),
+            uuid.uuid4().hex,
+            _tree_digest(cache, flat),
         )
 
     offers = gather_or_raise(coord, offer, timeout)
@@ -90,9 +95,9 @@ def exchange_plan(
         cache.hit()
     else:
         if decision is Decision.PLAN:
-            all_metas = [o.metas or [] for o in offers]
+            all_metas = [o.metas if o.metas is not None else [] for o in offers]
         else:
-            all_metas = gather_or_raise(coord, lambda: metas, timeout)
+            all_metas = gather_or_raise(coord, lambda: pack(metas), timeout)
         entry = _new_entry(coord.rank, offers, all_metas, options)
         cache.store(entry)
     return AgreedPlan(
@@ -108,7 +113,10 @@ def exchange_plan(
 
 
 def _new_entry(
-    rank: int, offers: list[Offer], all_metas: list[list[ItemMeta]], options: PlanOptions
+    rank: int,
+    offers: list[Offer],
+    all_metas: Sequence[Sequence[ItemMeta] | MetaTable],
+    options: PlanOptions,
 ) -> CacheEntry:
     """Plan from every rank's metadata, with what this rank derives from the same plan."""
     holdings = gather_holdings(all_metas)  # one pass over every rank's metadata, for both

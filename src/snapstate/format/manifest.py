@@ -11,11 +11,14 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 import numpy as np
+import torch
 import xxhash
 
 from snapstate.errors import CorruptCheckpointError, UnsupportedFormatError
+from snapstate.format import grid
 from snapstate.format.codec import CODECS
 from snapstate.format.dtypes import dtype_from_name, itemsize
+from snapstate.format.grid import expand, grid_form
 from snapstate.format.integrity import block_count
 from snapstate.format.tree import tree_problem
 from snapstate.format.validation import FieldChecks, short
@@ -26,11 +29,15 @@ FORMAT_VERSION = 2  # 2: the manifest ends with its own "checksum" (1 is still r
 # that predates compression refuses such a checkpoint as a newer format (kept, not set aside)
 # instead of reading its stored bytes as raw ones; every other save still writes version 2.
 COMPRESSED_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+# 5: version 3 plus tensors whose chunks are written as a grid (``format/grid.py``). Written
+# only when a tensor has that many chunks (a job of hundreds of ranks), so that smaller
+# checkpoints stay readable by readers that predate it; those refuse a version 5 as newer.
+GRID_VERSION = 5
+READ_VERSIONS = (1, 2, 3, 5)
 MANIFEST = "manifest.json"
 # Parsing peaks at about 12x the file in Python objects (measured: a 27 MiB manifest of
 # 100k tensors, +330 MiB), so the cap bounds a hostile or runaway manifest to ~1.5 GB. A 70B
-# model on 4096 ranks writes 13 MB (`snapstate plan-sim`): the cap is 10x above that.
+# model on 4096 ranks with a sharded optimizer writes 17 MB (`snapstate plan-sim`, grid form).
 MAX_MANIFEST_BYTES = 128 << 20
 # The checksum is the last member, written byte-exactly: the digest covers the raw bytes before it.
 CHECKSUM_TAIL = re.compile(rb',"checksum":"([0-9a-f]{16})"\}\s*\Z')
@@ -114,6 +121,11 @@ class Manifest:
         ordered = {"format": body.pop("format"), "version": body.pop("version"), **body}
         if any(c.compressed for t in self.all_tensors().values() for c in t.chunks):
             ordered["version"] = max(self.version, COMPRESSED_VERSION)
+        if sum(len(t.chunks) for t in self.tensors.values()) >= grid.GRID_MIN_MANIFEST_CHUNKS:
+            where = {path: i for i, path in enumerate(self.files)}
+            ordered["tensors"] = {k: _encoded(k, t, where) for k, t in self.tensors.items()}
+            if any(type(t) is dict for t in ordered["tensors"].values()):
+                ordered["version"] = max(ordered["version"], GRID_VERSION)
         raw = json.dumps(
             ordered, separators=(",", ":"), allow_nan=False, default=_record_fields
         ).encode()
@@ -125,6 +137,20 @@ class Manifest:
         for rank, rec in sorted(self.rank_local.items()):
             out.update({f"rank{rank}/{k}": t for k, t in rec.tensors.items()})
         return out
+
+
+def _encoded(key: str, rec: TensorRecord, files: dict[str, int]) -> TensorRecord | dict[str, Any]:
+    """The record in grid form where its chunks are a grid, else as it is (a chunk list)."""
+    grid = grid_form(key, rec.shape, itemsize(dtype_from_name(rec.dtype)), rec.chunks, files)
+    if grid is None:
+        return rec
+    return {
+        "dtype": rec.dtype,
+        "shape": rec.shape,
+        "kind": rec.kind,
+        "placement": rec.placement,
+        **grid,
+    }
 
 
 def _record_fields(obj: Any) -> dict[str, Any]:
@@ -202,6 +228,7 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     _check_version(doc, raw, file)
     v = _Validator(file)
     v.version = doc["version"]  # checked by _check_version
+    v.grid_budget = grid.MAX_GRID_CHUNKS
     files = {
         v.path(p, "files"): v.file_record(p, r)
         for p, r in v.mapping(doc.get("files"), "files").items()
@@ -245,6 +272,8 @@ class _Validator(FieldChecks):
     """The manifest's records, on the shared field checks."""
 
     version: int = FORMAT_VERSION
+    grid_budget: int = 0  # how many chunks the grids of this manifest may still expand to
+    file_order: tuple[list[str], list[int]] | None = None
 
     def path(self, value: Any, key: str) -> str:
         ok = (
@@ -296,6 +325,14 @@ class _Validator(FieldChecks):
         placement = rec.get("placement")
         if placement not in ("replicate", "shard", "rank_local"):
             raise self.fail(f"unknown placement {placement!r}", key)
+        if "grid" in rec:
+            return TensorRecord(
+                rec["dtype"],
+                shape,
+                kind,
+                placement,
+                self.grid_chunks(key, rec, shape, dtype, files),
+            )
         raw_chunks = rec.get("chunks")
         self.require(isinstance(raw_chunks, list), "chunks is not a list", key)
         chunks = [
@@ -303,6 +340,31 @@ class _Validator(FieldChecks):
         ]
         self.covers(key, shape, chunks)
         return TensorRecord(rec["dtype"], shape, kind, placement, chunks)
+
+    def grid_chunks(
+        self,
+        key: str,
+        rec: dict[str, Any],
+        shape: list[int],
+        dtype: torch.dtype,
+        files: dict[str, FileRecord],
+    ) -> list[ChunkRecord]:
+        """A grid's chunks: they tile the shape by construction, so no tiling check."""
+        self.require(
+            self.version >= GRID_VERSION, f"a version {self.version} tensor has a grid", key
+        )
+        self.require("chunks" not in rec, "a tensor has both chunks and a grid", key)
+        # snapstate names a rank-local chunk rank<r>/<key>@...: its grid would name others
+        self.require(rec.get("placement") != "rank_local", "a rank-local tensor has a grid", key)
+        if self.file_order is None:  # a grid's file indices: the files in document order
+            self.file_order = (list(files), [f.bytes for f in files.values()])
+        paths, sizes = self.file_order
+        chunks = [
+            ChunkRecord(*c)
+            for c in expand(self, key, rec, shape, itemsize(dtype), paths, sizes, self.grid_budget)
+        ]
+        self.grid_budget -= len(chunks)
+        return chunks
 
     def chunk(
         self,

@@ -17,6 +17,7 @@ import xxhash
 
 from snapstate.planning.items import ItemMeta
 from snapstate.planning.layout import SavePlan
+from snapstate.planning.metatable import MetaTable
 
 
 class Decision(str, Enum):
@@ -31,7 +32,7 @@ class Offer:
 
     digest: str  # of its metadata (and the plan options)
     token: str | None  # the cache token it would reuse, if its digest is unchanged
-    metas: list[ItemMeta] | None  # sent only when it cannot reuse
+    metas: MetaTable | list[ItemMeta] | None  # sent only when it cannot reuse (a table)
     save_id: str
     tree_digest: str
 

@@ -94,7 +94,7 @@ class SavePlan:
         items = self._items.get(rank)
         if items is None:
             items = self._items[rank] = tuple(
-                write_item(chunk, rank) for chunk in self.assignment.chunks[rank]
+                write_item(chunk, rank) for chunk in self.assignment.chunks_of(rank)
             )
         return items
 

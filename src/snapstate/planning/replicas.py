@@ -30,8 +30,8 @@ def groups_from(holdings: Holdings) -> list[ReplicaGroup]:
     """``replica_groups`` of already indexed metadata. Rank 0's copy of a ``from_rank0`` key
     is written unchecked (module buffers): such boxes are in no group."""
     groups: dict[tuple[int, ...], list[tuple[str, Box]]] = {}
-    for h in holdings.shared:
-        if len(h.ranks) > 1 and not h.meta.from_rank0 and h.box.numel:
+    for h in holdings.several:
+        if not h.meta.from_rank0 and h.box.numel:
             groups.setdefault(tuple(h.ranks), []).append((h.meta.key, h.box))
     return [
         ReplicaGroup(r, tuple(sorted(b, key=lambda kb: (kb[0], kb[1].offsets))))
