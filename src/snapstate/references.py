@@ -1,0 +1,91 @@
+"""The files the steps of one root share (incremental saves): which committed step needs which
+file, what retention may delete while retained steps reference files of a deleted step, and
+which steps a damaged file breaks.
+
+Files are named root-relative (``step-000000010/shards/r00000-000.safetensors``). A step is
+deleted manifest first (the commit point), then only its files no committed manifest needs:
+a SIGKILL between the two leaves a directory without a manifest whose referenced files are
+kept, and the next sweep finishes the job. Such a directory stays until nothing references it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+from snapstate.engine.verify import read_manifest
+from snapstate.errors import CheckpointError
+from snapstate.format.manifest import MANIFEST, REFERENCE_VERSION
+from snapstate.planning.incremental import resolve, step_number
+from snapstate.storage.base import Storage
+
+log = logging.getLogger("snapstate")
+SET_ASIDE = f"{MANIFEST}.corrupt"  # a set-aside step's manifest, kept in place
+_HEAD = 48  # bytes enough to see `{"format":"snapstate","version":4`
+
+
+def needed_files(storage: Storage, name: str) -> frozenset[str]:
+    """Root-relative files the committed step ``name`` needs: its own and those it references.
+
+    A manifest that does not parse needs nothing known (it is damaged, never loadable), but
+    its own files are kept with it while it stays committed."""
+    try:
+        manifest = read_manifest(storage.child(name), check_files=False)
+    except (CheckpointError, OSError):
+        return frozenset()
+    return frozenset(resolve(name, f) for f in manifest.files)
+
+
+def references_of(storage: Storage, name: str) -> frozenset[str]:
+    """The files of other steps that the committed step ``name`` references (none unless its
+    manifest is format version 4: the first bytes tell, the rest is parsed only then)."""
+    try:
+        head = storage.read_bytes(f"{name}/{MANIFEST}", 0, _HEAD)
+    except OSError:
+        return frozenset()
+    if f'"version":{REFERENCE_VERSION}'.encode() not in head:
+        return frozenset()
+    return frozenset(f for f in needed_files(storage, name) if not f.startswith(name + "/"))
+
+
+def referenced(storage: Storage, names: Iterable[str]) -> frozenset[str]:
+    """Every file of another step that one of the committed steps ``names`` references."""
+    return frozenset().union(*(references_of(storage, n) for n in names))
+
+
+def uncommit(storage: Storage, name: str) -> None:
+    """Remove the step's manifest, the commit point: it is no step any more."""
+    storage.remove(f"{name}/{MANIFEST}")
+    storage.sync_dir(name)
+
+
+def prune(storage: Storage, path: str, keep: frozenset[str]) -> None:
+    """Delete ``path`` (a step directory of no committed step) except the files in ``keep``
+    and the folders above them; the whole tree when it holds none of them."""
+    if not any(k.startswith(path + "/") for k in keep):
+        storage.remove_tree(path)
+        storage.remove(path)  # a plain file: remove_tree leaves it
+        return
+    for entry in storage.listdir(path):
+        child = f"{path}/{entry}"
+        if child not in keep:
+            prune(storage, child, keep)
+
+
+def sweep(storage: Storage, committed: Iterable[str], keep: frozenset[str]) -> None:
+    """Delete every step directory without a manifest (none set aside), keeping ``keep``:
+    leftovers of interrupted saves, and steps retention deleted whose files were referenced
+    (now gone when nothing references them any more)."""
+    live = set(committed)
+    for name in storage.listdir():
+        if step_number(name) is None or name in live or storage.exists(f"{name}/{SET_ASIDE}"):
+            continue
+        if storage.exists(f"{name}/{MANIFEST}"):  # committed since the listing: not ours
+            continue
+        log.info("snapstate: removing %s (no manifest), keeping referenced files", name)
+        prune(storage, name, keep)
+
+
+def steps_using(storage: Storage, names: Iterable[str], file: str) -> list[str]:
+    """Of the committed steps ``names``, those whose manifest needs the root-relative ``file``."""
+    return [n for n in names if file in needed_files(storage, n)]
