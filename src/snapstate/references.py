@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from dataclasses import dataclass
 
-from snapstate.engine.verify import read_manifest
-from snapstate.errors import CheckpointError
+from snapstate.engine.verify import read_manifest, verify_checkpoint
+from snapstate.errors import CheckpointError, CorruptCheckpointError
 from snapstate.format.manifest import MANIFEST, REFERENCE_VERSION
 from snapstate.planning.incremental import resolve, step_number
 from snapstate.storage.base import Storage
@@ -89,3 +90,44 @@ def sweep(storage: Storage, committed: Iterable[str], keep: frozenset[str]) -> N
 def steps_using(storage: Storage, names: Iterable[str], file: str) -> list[str]:
     """Of the committed steps ``names``, those whose manifest needs the root-relative ``file``."""
     return [n for n in names if file in needed_files(storage, n)]
+
+
+@dataclass(frozen=True)
+class StepCheck:
+    """One step's verification: ``problem`` None when every byte verified; ``file`` the
+    root-relative file found damaged or missing, when the problem lies in one."""
+
+    step: str
+    problem: str | None = None
+    file: str | None = None
+
+
+def verify_steps(storage: Storage) -> list[StepCheck]:
+    """Verify every committed step of the root (every step a damaged shared file breaks
+    fails, since each verifies every file it needs)."""
+    checks = []
+    for name in sorted(n for n in storage.listdir() if step_number(n) is not None):
+        if not storage.exists(f"{name}/{MANIFEST}"):
+            continue
+        try:
+            verify_checkpoint(storage.child(name))
+        except CorruptCheckpointError as exc:
+            file = exc.file
+            if file is not None and (file.endswith(MANIFEST) or file.startswith("/")):
+                file = None  # the manifest itself: this step's own problem
+            checks.append(StepCheck(name, str(exc), None if file is None else resolve(name, file)))
+            continue
+        except (CheckpointError, OSError) as exc:
+            checks.append(StepCheck(name, str(exc)))
+            continue
+        checks.append(StepCheck(name))
+    return checks
+
+
+def damaged_files(checks: list[StepCheck]) -> dict[str, list[str]]:
+    """Each damaged file and the steps whose verification it broke."""
+    out: dict[str, list[str]] = {}
+    for c in checks:
+        if c.file is not None:
+            out.setdefault(c.file, []).append(c.step)
+    return out
