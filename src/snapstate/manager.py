@@ -37,6 +37,7 @@ from snapstate.storage.local import LocalStorage
 
 log = logging.getLogger("snapstate")
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
+SET_ASIDE_DIR = re.compile(r"^step-\d{9,}\.corrupt(\.\d+)?$")  # see _set_aside
 
 
 def step_dir(step: int) -> str:
@@ -287,7 +288,13 @@ class CheckpointManager:
 
     def _sweep(self) -> None:
         committed = [step_dir(s) for s in self.steps()]
-        sweep(self.storage, committed, referenced(self.storage, committed))
+        sweep(self.storage, committed, self._referenced(committed))
+
+    def _referenced(self, names: list[str]) -> frozenset[str]:
+        """Files of other steps that the steps ``names`` or a set-aside step reference: the
+        bytes of a set-aside step are kept for inspection, its shared ones included."""
+        aside = [n for n in self.storage.listdir() if SET_ASIDE_DIR.match(n)]
+        return referenced(self.storage, [*names, *aside])
 
     def _apply_retention(self) -> None:
         if self.coord.rank != 0:
@@ -297,7 +304,7 @@ class CheckpointManager:
         if not doomed:
             return
         kept = [step_dir(s) for s in committed if s not in doomed]
-        keep = referenced(self.storage, kept)  # read before anything goes
+        keep = self._referenced(kept)  # read before anything goes
         for step in doomed:
             uncommit(self.storage, step_dir(step))  # manifest gone = invisible, first
         for step in doomed:  # then every byte no retained step references
