@@ -360,7 +360,11 @@ class RankWriter:
             if pieces and at < 0:
                 at = start
             buffers.extend(pieces)
-        nbytes = write_gathered(self._writers[job.file], tuple(buffers), at) if buffers else 0
+        writer, nbytes = self._writers[job.file], sum(len(b) for b in buffers)
+        if len(buffers) == 1:  # as a plain save writes one piece: past the cache where it can
+            writer.write_at(buffers[0], at)
+        elif buffers:
+            write_gathered(writer, tuple(buffers), at)
         if pending.complete:
             self._finish_reusing(job.file)
         return nbytes
