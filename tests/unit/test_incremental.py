@@ -290,3 +290,33 @@ def test_a_plain_manager_keeps_what_incremental_steps_reference(tmp_path: Path) 
     assert (tmp_path / step_dir(1) / "shards" / "r00000-000.safetensors").exists()
     assert not (tmp_path / step_dir(2)).exists()
     assert_loads(tmp_path / step_dir(3), saved[3])
+
+
+def test_export_and_read_state_resolve_references(tmp_path: Path) -> None:
+    from safetensors.torch import load_file
+
+    from snapstate.export import export_checkpoint
+
+    saved = save_steps(tmp_path / "root", 2, async_save=False)
+    step = tmp_path / "root" / step_dir(2)
+    export_checkpoint(step, "safetensors", tmp_path / "out.safetensors")
+    exported = load_file(str(tmp_path / "out.safetensors"))
+    assert torch.equal(exported["frozen"], saved[2]["frozen"])
+    assert torch.equal(exported["head"], saved[2]["head"])
+    plain = ss.read_state(step, ["frozen"])
+    assert torch.equal(plain["frozen"], saved[2]["frozen"])
+
+
+def test_rank_local_state_is_referenced_when_unchanged(tmp_path: Path) -> None:
+    state = {"local": ss.RankLocal({"table": torch.arange(4096.0)}), "w": torch.ones(8)}
+    with ss.CheckpointManager(tmp_path, incremental=True, async_save=False) as mgr:
+        mgr.save(1, state)
+        state["w"] += 1
+        mgr.save(2, state)
+    doc = manifest(tmp_path, 2)
+    local = doc["rank_local"]["0"]["tensors"]
+    assert all(c["file"].startswith("../") for t in local.values() for c in t["chunks"])
+    target = {"local": ss.RankLocal({"table": torch.zeros(4096)}), "w": torch.zeros(8)}
+    ss.load(target, tmp_path / step_dir(2))
+    assert torch.equal(target["local"].value["table"], torch.arange(4096.0))
+    assert torch.equal(target["w"], torch.full((8,), 2.0))
