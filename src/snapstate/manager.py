@@ -196,8 +196,8 @@ class CheckpointManager:
         if not earlier:
             return Reuse(name)
         prior = step_dir(earlier[-1])
-        try:
-            manifest = read_manifest(self.storage.child(prior), check_files=False)
+        try:  # its files are there with their sizes, or a reference could never commit
+            manifest = read_manifest(self.storage.child(prior))
         except CheckpointError as exc:  # a damaged previous step: write everything
             log.warning("snapstate: step %d not usable as a base (%s)", earlier[-1], exc)
             return Reuse(name)

@@ -320,3 +320,20 @@ def test_rank_local_state_is_referenced_when_unchanged(tmp_path: Path) -> None:
     ss.load(target, tmp_path / step_dir(2))
     assert torch.equal(target["local"].value["table"], torch.arange(4096.0))
     assert torch.equal(target["w"], torch.full((8,), 2.0))
+
+
+def test_a_missing_base_file_makes_the_next_save_write_everything(tmp_path: Path) -> None:
+    saved = save_steps(tmp_path, 1, async_save=False)
+    (tmp_path / step_dir(1) / "shards" / "r00000-000.safetensors").unlink()
+    state = dict(saved[1], step=2)
+    with ss.CheckpointManager(tmp_path, incremental=True, async_save=False) as mgr:
+        mgr.save(2, state)
+    assert not any(f.startswith("../") for f in manifest(tmp_path, 2)["files"])
+    assert_loads(tmp_path / step_dir(2), state)
+
+
+def test_an_incremental_save_without_a_step_is_refused(tmp_path: Path) -> None:
+    from snapstate.planning.incremental import Reuse
+
+    with pytest.raises(ValueError, match="needs its step"):
+        ss.save(make_state(), tmp_path / "x", options=ss.SaveOptions(incremental=Reuse("x")))

@@ -123,6 +123,10 @@ class SaveJob:
     ) -> None:
         if mode is SaveMode.ASYNC and pool is None:
             raise ValueError("an async save needs a staging pool")
+        if options.incremental is not None and step is None:  # its references name steps
+            raise ValueError(
+                "an incremental save needs its step: use CheckpointManager(incremental=True)"
+            )
         self.state = state
         self.storage = storage
         self.coord = coord
