@@ -218,6 +218,7 @@ def install_pause(pause: Pause) -> None:
     _wrap(api, "start_save", start_save)
     _wrap(Stager, "stage", stage)
     _wrap(RankWriter, "_write", write)
+    _wrap(RankWriter, "_write_decided", write)  # an incremental save writes here
     _wrap(LocalFileWriter, "close", close)
     _wrap(save_mod, "write_marker", write_marker)
     _wrap(LocalStorage, "write_atomic", write_atomic)

@@ -82,6 +82,17 @@ class _Job:
     parts: tuple[tuple[PlacedItem, int, int, bool], ...]
 
 
+@dataclass(frozen=True)
+class _Decided:
+    """An incremental save's job once hashed: what to write where (``buffers`` back to back
+    from ``at``), and whether the job completed its file (then its header goes next)."""
+
+    job: _Job
+    at: int
+    buffers: tuple[memoryview, ...]
+    complete: bool
+
+
 @dataclass
 class PersistStats:
     bytes_written: int = 0
@@ -289,27 +300,38 @@ class RankWriter:
             if job is _STOP:
                 hashes.put(_STOP)
                 return
+            out: _Job | _Decided = job
             try:
                 if self.error is None and not self._aborted:
-                    self._write(job)
+                    if self._reusing is not None:
+                        out = self._decide(
+                            self._reusing[job.file], job
+                        )  # written on the next thread
+                    else:
+                        self._write(job)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)
-            hashes.put(job)  # the hasher releases the buffer once it is written and hashed
+            hashes.put(out)  # the hasher releases the buffer once it is written and hashed
 
     def _run_hasher(self, q: queue.SimpleQueue) -> None:
         while True:
             job = q.get()
             if job is _STOP:
                 return
+            staged = job.job.staged if isinstance(job, _Decided) else job.staged
             try:
-                if self.error is None and self._reusing is None:  # else hashed before writing
+                if self.error is not None or self._aborted:
+                    pass
+                elif isinstance(job, _Decided):  # incremental: hashed already, write it now
+                    self._write_decided(job)
+                elif self._reusing is None:
                     for i, (placed, begin, end, last) in enumerate(job.parts):
                         self._hash(placed, job.staged.part(i, begin, end), last)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)
             finally:
-                if job.staged.release:
-                    job.staged.release()
+                if staged.release:
+                    staged.release()
 
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -323,8 +345,6 @@ class RankWriter:
         if self._compressed is not None:
             self._compress(self._compressed, job)
             nbytes = 0  # counted when the file is written
-        elif self._reusing is not None:
-            nbytes = self._write_reusing(self._reusing[job.file], job)
         elif isinstance(staged, GatheredBytes):
             nbytes = write_gathered(writer, staged.buffers, job.at)
         else:
@@ -352,22 +372,33 @@ class RankWriter:
             self.stats.file_sizes[path] = nbytes
             self.stats.bytes_written += nbytes
 
-    def _write_reusing(self, pending: ReusingFile, job: _Job) -> int:
-        """Hash the job's chunks, then write the changed ones back to back (one write)."""
+    def _decide(self, pending: ReusingFile, job: _Job) -> _Decided:
+        """Hash the job's chunks (block checksums and digest in one pass) and decide which
+        are written; the writing runs on the next thread, overlapping the next job's hash."""
+        if job.staged.ready:
+            job.staged.ready()
         at, buffers = -1, []
         for i, (placed, begin, end, last) in enumerate(job.parts):
             start, pieces = pending.add(placed, job.staged.part(i, begin, end), last)
             if pieces and at < 0:
                 at = start
             buffers.extend(pieces)
-        writer, nbytes = self._writers[job.file], sum(len(b) for b in buffers)
+        return _Decided(job, at, tuple(buffers), pending.complete)
+
+    def _write_decided(self, decided: _Decided) -> None:
+        """The changed chunks back to back (one write), then the header once the file is."""
+        started = time.perf_counter()
+        path, buffers = decided.job.file, decided.buffers
+        writer = self._writers[path]
         if len(buffers) == 1:  # as a plain save writes one piece: past the cache where it can
-            writer.write_at(buffers[0], at)
+            writer.write_at(buffers[0], decided.at)
         elif buffers:
-            write_gathered(writer, tuple(buffers), at)
-        if pending.complete:
-            self._finish_reusing(job.file)
-        return nbytes
+            write_gathered(writer, buffers, decided.at)
+        if decided.complete:
+            self._finish_reusing(path)
+        with self._lock:
+            self.stats.bytes_written += sum(len(b) for b in buffers)
+            self.stats.write_s += time.perf_counter() - started
 
     def _finish_reusing(self, path: str) -> None:
         """Once every chunk of the file is decided: its header, or no file at all."""
