@@ -103,15 +103,25 @@ def test_references_never_chain_and_a_fully_unchanged_file_is_not_written(tmp_pa
     assert_loads(tmp_path / step_dir(3), saved[3])
 
 
-def test_a_chunk_in_many_pieces_is_decided_whole(tmp_path: Path) -> None:
+@pytest.mark.parametrize("async_save", [False, True], ids=["blocking", "async"])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_chunk_in_many_pieces_is_decided_whole(
+    tmp_path: Path, async_save: bool, threads: int
+) -> None:
     # pieces of 16 KiB: the 512 KiB frozen chunk arrives in 32 pieces, held until the last
-    options = ss.SaveOptions(piece_bytes=16 << 10, block_bytes=4096)
+    # (an async save's staging buffers are reused meanwhile)
+    plan = ss.PlanOptions(max_file_bytes=1 if threads > 1 else 2 << 30)  # a file per tensor
+    options = ss.SaveOptions(piece_bytes=16 << 10, block_bytes=4096, threads=threads, plan=plan)
     state = make_state()
-    with ss.CheckpointManager(tmp_path, incremental=True, async_save=False, options=options) as m:
+    with ss.CheckpointManager(
+        tmp_path, incremental=True, async_save=async_save, options=options
+    ) as m:
         m.save(1, state)
+        m.wait()
         state["frozen"][100, 7] += 1.0  # one element of the large chunk changes
         state["step"] = 2
         m.save(2, state)
+        m.wait()
         state["step"] = 3
         m.save(3, state)  # nothing changes
     doc2, doc3 = manifest(tmp_path, 2), manifest(tmp_path, 3)
