@@ -30,7 +30,7 @@ from snapstate.errors import (
 from snapstate.format.manifest import MANIFEST
 from snapstate.lock import RootLock
 from snapstate.planning.incremental import Reuse
-from snapstate.references import SET_ASIDE, prune, referenced, sweep, uncommit
+from snapstate.references import SET_ASIDE, prune, references_of, sweep, uncommit
 from snapstate.retention import steps_to_delete
 from snapstate.storage.base import Storage, capabilities, storage_for
 from snapstate.storage.local import LocalStorage
@@ -82,6 +82,9 @@ class CheckpointManager:
                 " file system (object stores and tiers cannot hold references between steps yet)"
             )
         self.incremental = incremental
+        # step directory -> the files of other steps its manifest references (manifests do
+        # not change once committed; a step saved again or deleted is dropped from it)
+        self._references: dict[str, frozenset[str]] = {}
         self._given_storage = not isinstance(root, (str, os.PathLike))
         self.root = os.fspath(root) if isinstance(root, (str, os.PathLike)) else self.storage.root
         self.keep_last, self.keep_every, self.async_save = keep_last, keep_every, async_save
@@ -123,6 +126,7 @@ class CheckpointManager:
         staging, a blocking one the SaveResult once committed; ``wait()`` gives it on both."""
         self.wait()
         self._refuse_referenced(step)
+        self._references.pop(step_dir(step), None)
         options = self.options
         if self.incremental:
             options = replace(options, incremental=self._reuse_for(step))
@@ -209,7 +213,7 @@ class CheckpointManager:
         if not self.storage.exists(name):
             return
         others = [step_dir(s) for s in self.steps() if s != step]
-        if any(f.startswith(name + "/") for f in referenced(self.storage, others)):
+        if any(f.startswith(name + "/") for f in self._referenced(others)):
             raise CheckpointError(
                 f"cannot save step {step}: {self.root}/{name} holds files that later committed"
                 " steps reference (incremental saves); save under another step number"
@@ -253,7 +257,8 @@ class CheckpointManager:
             return
         name = step_dir(step)
         others = [step_dir(s) for s in self.steps() if s != step]
-        shared = any(f.startswith(name + "/") for f in referenced(self.storage, others))
+        shared = any(f.startswith(name + "/") for f in self._referenced(others))
+        self._references.pop(name, None)
         try:
             renames = capabilities(self.storage).renames
             if renames is not None and not shared:
@@ -288,13 +293,21 @@ class CheckpointManager:
 
     def _sweep(self) -> None:
         committed = [step_dir(s) for s in self.steps()]
-        sweep(self.storage, committed, self._referenced(committed))
+        try:
+            keep = self._referenced(committed)
+        except OSError as exc:  # nothing is deleted on a guess
+            log.warning("snapstate: leftovers kept, the manifests could not be read: %s", exc)
+            return
+        sweep(self.storage, committed, keep)
 
     def _referenced(self, names: list[str]) -> frozenset[str]:
         """Files of other steps that the steps ``names`` or a set-aside step reference: the
         bytes of a set-aside step are kept for inspection, its shared ones included."""
         aside = [n for n in self.storage.listdir() if SET_ASIDE_DIR.match(n)]
-        return referenced(self.storage, [*names, *aside])
+        for name in [*names, *aside]:
+            if name not in self._references:
+                self._references[name] = references_of(self.storage, name)
+        return frozenset().union(*(self._references[n] for n in [*names, *aside]))
 
     def _apply_retention(self) -> None:
         if self.coord.rank != 0:
@@ -304,9 +317,14 @@ class CheckpointManager:
         if not doomed:
             return
         kept = [step_dir(s) for s in committed if s not in doomed]
-        keep = self._referenced(kept)  # read before anything goes
+        try:
+            keep = self._referenced(kept)  # read before anything goes
+        except OSError as exc:  # nothing is deleted on a guess
+            log.warning("snapstate: retention skipped, the manifests could not be read: %s", exc)
+            return
         for step in doomed:
             uncommit(self.storage, step_dir(step))  # manifest gone = invisible, first
+            self._references.pop(step_dir(step), None)
         for step in doomed:  # then every byte no retained step references
             prune(self.storage, step_dir(step), keep)
         sweep(self.storage, kept, keep)  # steps deleted before whose files nobody needs now

@@ -10,15 +10,16 @@ kept, and the next sweep finishes the job. Such a directory stays until nothing 
 
 from __future__ import annotations
 
+import errno
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from snapstate.engine.verify import read_manifest, verify_checkpoint
-from snapstate.errors import CheckpointError, CorruptCheckpointError
+from snapstate.errors import CheckpointError, CheckpointNotFoundError, CorruptCheckpointError
 from snapstate.format.manifest import MANIFEST, REFERENCE_VERSION
 from snapstate.planning.incremental import resolve, step_number
-from snapstate.storage.base import Storage
+from snapstate.storage.base import Storage, read_capped
 
 log = logging.getLogger("snapstate")
 SET_ASIDE = f"{MANIFEST}.corrupt"  # a set-aside step's manifest, kept in place
@@ -28,11 +29,12 @@ _HEAD = 48  # bytes enough to see `{"format":"snapstate","version":4`
 def needed_files(storage: Storage, name: str) -> frozenset[str]:
     """Root-relative files the committed step ``name`` needs: its own and those it references.
 
-    A manifest that does not parse needs nothing known (it is damaged, never loadable), but
-    its own files are kept with it while it stays committed."""
+    A manifest that does not validate needs nothing known (it is damaged, never loadable), but
+    its own files are kept with it while it stays committed. Any other failure to read it (an
+    I/O error) is raised: nothing may be deleted on a guess."""
     try:
         manifest = read_manifest(storage.child(name), check_files=False)
-    except (CheckpointError, OSError):
+    except (CorruptCheckpointError, CheckpointNotFoundError):
         return frozenset()
     return frozenset(resolve(name, f) for f in manifest.files)
 
@@ -40,10 +42,14 @@ def needed_files(storage: Storage, name: str) -> frozenset[str]:
 def references_of(storage: Storage, name: str) -> frozenset[str]:
     """The files of other steps that the committed step ``name`` references (none unless its
     manifest is format version 4: the first bytes tell, the rest is parsed only then)."""
-    try:
-        head = storage.read_bytes(f"{name}/{MANIFEST}", 0, _HEAD)
-    except OSError:
+    try:  # a regular file only: a FIFO would block
+        head = read_capped(storage, f"{name}/{MANIFEST}", _HEAD)[:_HEAD]
+    except FileNotFoundError:  # no manifest (any more): no step, nothing referenced
         return frozenset()
+    except OSError as exc:
+        if exc.errno in (errno.EINVAL, errno.ELOOP, errno.ENXIO):  # not a regular file: damaged
+            return frozenset()
+        raise
     if f'"version":{REFERENCE_VERSION}'.encode() not in head:
         return frozenset()
     return frozenset(f for f in needed_files(storage, name) if not f.startswith(name + "/"))
@@ -65,7 +71,10 @@ def prune(storage: Storage, path: str, keep: frozenset[str]) -> None:
     and the folders above them; the whole tree when it holds none of them."""
     if not any(k.startswith(path + "/") for k in keep):
         storage.remove_tree(path)
-        storage.remove(path)  # a plain file: remove_tree leaves it
+        try:
+            storage.remove(path)  # a plain file: remove_tree leaves it
+        except OSError:  # best effort, as remove_tree: a later sweep tries again
+            pass
         return
     for entry in storage.listdir(path):
         child = f"{path}/{entry}"

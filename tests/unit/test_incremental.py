@@ -349,3 +349,28 @@ def test_an_incremental_save_without_a_step_is_refused(tmp_path: Path) -> None:
 
     with pytest.raises(ValueError, match="needs its step"):
         ss.save(make_state(), tmp_path / "x", options=ss.SaveOptions(incremental=Reuse("x")))
+
+
+def test_retention_deletes_nothing_when_a_manifest_cannot_be_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import errno
+
+    import snapstate.references as references
+
+    save_steps(tmp_path, 2, async_save=False)
+
+    def failing(*args: Any) -> bytes:
+        raise OSError(errno.EIO, "injected I/O error")
+
+    state = make_state()
+    state["head"].add_(7.0)
+    with ss.CheckpointManager(tmp_path, keep_last=1, incremental=True, async_save=False) as mgr:
+        monkeypatch.setattr(references, "read_capped", failing)
+        mgr.save(3, state)  # committed; retention cannot tell what step 3 references
+        assert mgr.steps() == [1, 2, 3]
+        monkeypatch.undo()
+        mgr.save(4, state)  # readable again: retention runs, keeping what step 4 references
+        assert mgr.steps() == [4]
+    assert (tmp_path / step_dir(1) / "shards" / "r00000-000.safetensors").exists()
+    assert ss.verify(tmp_path / step_dir(4)).ok
