@@ -374,3 +374,15 @@ def test_retention_deletes_nothing_when_a_manifest_cannot_be_read(
         assert mgr.steps() == [4]
     assert (tmp_path / step_dir(1) / "shards" / "r00000-000.safetensors").exists()
     assert ss.verify(tmp_path / step_dir(4)).ok
+
+
+def test_a_reader_before_version_4_refuses_references_as_a_newer_format(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import snapstate.format.manifest as manifest_format
+
+    save_steps(tmp_path, 2, async_save=False)
+    monkeypatch.setattr(manifest_format, "READ_VERSIONS", (1, 2, 3))
+    ss.inspect(tmp_path / step_dir(1))  # no reference: still version 2
+    with pytest.raises(ss.UnsupportedFormatError, match="version 4"):
+        ss.inspect(tmp_path / step_dir(2))
