@@ -6,7 +6,9 @@ The file's header names only the chunks written, so it is written last, at byte 
 spaces to the planned header's length (fewer entries never make it longer): the data then
 starts where the plan said and needs no move. Dropping whole chunks of a file ordered by
 itemsize keeps every later chunk aligned to its element size. A chunk that arrives in several
-pieces is held (copied) until its last piece decides it, at most one chunk per file.
+pieces is written as it comes once a block checksum differs from the earlier copy's (a
+proven change); while all match, its pieces are held (copied) until the last one decides it
+by the digest, at most one chunk per file.
 """
 
 from __future__ import annotations
@@ -70,6 +72,18 @@ class Written:
 
 
 @dataclass
+class _Chunk:
+    """A chunk being decided: its hashes so far, the earlier copy it may equal (None once
+    it is known changed, or for a new chunk), and its pieces held while undecided."""
+
+    hasher: BlockHasher
+    prior: StoredChunk | None
+    held: list[bytes] = field(default_factory=list)
+    start: int | None = None  # where its bytes go once it is known changed: out as they come
+    checked: int = 0  # blocks already compared with the earlier copy's checksums
+
+
+@dataclass
 class ReusingFile:
     """One shard file of an incremental save, filled chunk by chunk in plan order."""
 
@@ -80,8 +94,7 @@ class ReusingFile:
     written: dict[ChunkKey, Written] = field(default_factory=dict)
     reused: dict[ChunkKey, tuple[StoredChunk, str]] = field(default_factory=dict)
     _order: list[PlacedItem] = field(default_factory=list)
-    _hashers: dict[ChunkKey, BlockHasher] = field(default_factory=dict)
-    _held: dict[ChunkKey, list[bytes]] = field(default_factory=dict)
+    _chunks: dict[ChunkKey, _Chunk] = field(default_factory=dict)
     _done: int = 0
 
     def __post_init__(self) -> None:
@@ -98,28 +111,67 @@ class ReusingFile:
 
     def add(self, placed: PlacedItem, data: memoryview, last: bool) -> tuple[int, list[memoryview]]:
         """One piece of a chunk (pieces in order); returns where to write what this piece
-        decided (nothing while a chunk is incomplete or when it is referenced)."""
+        decided: a changed chunk's bytes as soon as it is known changed (a block checksum
+        that differs from the earlier copy's proves it), an unchanged one's never."""
         key = (placed.file, placed.start, placed.end)
-        hasher = self._hashers.setdefault(key, BlockHasher(self.block_bytes, content=True))
-        hasher.update(data)
+        c = self._chunks.get(key)
+        if c is None:
+            c = self._chunks[key] = _Chunk(BlockHasher(self.block_bytes, True), self._like(placed))
+        c.hasher.update(data)
+        if c.prior is not None and c.start is None and self._differs(c):
+            c.prior = None
+        if c.prior is None:  # changed or new: written now, with what was held
+            pieces = [memoryview(b) for b in c.held] + [data]
+            c.held = []
+            at = self._emit(c, pieces)
+        elif not last:
+            c.held.append(bytes(data))  # undecided: the staged buffer is reused after this
+            return self.cursor, []
+        else:
+            at, pieces = self.cursor, []
         if not last:
-            self._held.setdefault(key, []).append(bytes(data))  # the staged buffer is reused
-            return self.cursor, []
-        del self._hashers[key]
+            return at, pieces
+        del self._chunks[key]
         self._done += 1
-        xxh3, digest = tuple(hasher.finish()), hasher.content_digest()
-        pieces = [memoryview(b) for b in self._held.pop(key, [])]
-        pieces.append(data)
-        cid = chunk_id(placed.item.name, placed.item.box.offsets)
-        prior = self.reuse.reusable(cid, content_of(placed, digest))
-        if prior is not None and placed.item.nbytes > 0:
-            self.reused[key] = (prior, digest)
-            return self.cursor, []
-        at = self.cursor
-        self.cursor += placed.item.nbytes
-        self.written[key] = Written(at, self.cursor, xxh3, digest)
+        xxh3, digest = tuple(c.hasher.finish()), c.hasher.content_digest()
+        if c.prior is not None:  # equal block checksums: the digest decides
+            if c.prior.content == content_of(placed, digest):
+                self.reused[key] = (c.prior, digest)
+                return self.cursor, []
+            at, pieces = self.cursor, [*(memoryview(b) for b in c.held), data]
+            self._emit(c, pieces)
+        assert c.start is not None  # for mypy: set by _emit
+        self.written[key] = Written(c.start, c.start + placed.item.nbytes, xxh3, digest)
         self._order.append(placed)
         return at, pieces
+
+    def _like(self, placed: PlacedItem) -> StoredChunk | None:
+        """The earlier copy of this chunk if it may be equal (all but the digest agree)."""
+        prior = self.reuse.chunks.get(chunk_id(placed.item.name, placed.item.box.offsets))
+        if prior is None or placed.item.nbytes == 0:
+            return None
+        same = content_of(placed, prior.content.digest) == prior.content
+        return prior if same else None
+
+    def _differs(self, c: _Chunk) -> bool:
+        """Whether a block hashed so far differs from the earlier copy's (same block size)."""
+        assert c.prior is not None
+        if c.prior.block_bytes != self.block_bytes:
+            return False
+        done = c.hasher.digests
+        if len(done) > len(c.prior.xxh3):
+            return True
+        differs = any(done[i] != c.prior.xxh3[i] for i in range(c.checked, len(done)))
+        c.checked = len(done)
+        return differs
+
+    def _emit(self, c: _Chunk, pieces: list[memoryview]) -> int:
+        """Place ``pieces`` next in the file (the chunk starts at the first); returns where."""
+        at = self.cursor
+        if c.start is None:
+            c.start = at
+        self.cursor += sum(len(p) for p in pieces)
+        return at
 
     def header(self) -> bytes:
         """The header of the chunks written, as long as the planned one (space padded)."""
