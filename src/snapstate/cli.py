@@ -136,10 +136,45 @@ def summary(manifest: Manifest) -> dict[str, Any]:
 @main.command()
 @click.argument("path")
 def verify(path: str) -> None:
-    """Check every checksum; exit 1 with the reason on corruption."""
+    """Check every checksum; exit 1 with the reason on corruption. PATH may be a manager
+    root: then every step is checked, and a damaged file shared by incremental steps is
+    named with every step it breaks."""
+    if not _is_checkpoint(path) and step_rows(path):
+        _verify_root(path)
+        return
     report = _or_exit(lambda: _verify_with_progress(path))
     click.echo(
         f"ok: {report.tensors} tensors, {report.chunks} chunks, {human(report.bytes_checked)} verified in {report.files} files"
+    )
+
+
+def _verify_root(root: str) -> None:
+    from snapstate.references import damaged_files, verify_steps
+    from snapstate.storage.base import storage_for
+
+    checks = _or_exit(lambda: verify_steps(storage_for(root)))
+    for check in checks:
+        click.echo(
+            f"{check.step}: " + ("ok" if check.problem is None else f"DAMAGED: {check.problem}")
+        )
+    for file, steps in damaged_files(checks).items():
+        click.echo(f"damaged file {file} breaks steps: {', '.join(steps)}")
+    if any(c.problem is not None for c in checks):
+        sys.exit(1)
+
+
+@main.command("copy")
+@click.argument("root")
+@click.argument("step", type=int)
+@click.argument("dest")
+def copy(root: str, step: int, dest: str) -> None:
+    """Copy STEP of the manager ROOT to DEST as a self-contained checkpoint (the files its
+    incremental saves reference copied in, a manifest without references), then verify it."""
+    from snapstate.copystep import copy_step
+
+    report = _or_exit(lambda: copy_step(root, step, dest))
+    click.echo(
+        f"copied step {step} to {dest}: {report.files} files, {human(report.bytes_checked)} verified"
     )
 
 

@@ -10,13 +10,16 @@ from __future__ import annotations
 import logging
 import os
 import re
+from dataclasses import replace
 from typing import Any
 
 from snapstate import api
 from snapstate.collective.coordinator import Coordinator, default_coordinator, gather_within
 from snapstate.engine.handle import SaveOutcome, SaveResult
 from snapstate.engine.inflight import SaveSlot
-from snapstate.engine.options import SaveOptions, with_keywords
+from snapstate.engine.options import INCREMENTAL_COMPRESSED, SaveOptions, with_keywords
+from snapstate.engine.reuse import prior_from_manifest
+from snapstate.engine.verify import read_manifest
 from snapstate.errors import (
     CheckpointError,
     CheckpointNotFoundError,
@@ -26,12 +29,15 @@ from snapstate.errors import (
 )
 from snapstate.format.manifest import MANIFEST
 from snapstate.lock import RootLock
+from snapstate.planning.incremental import Reuse
+from snapstate.references import SET_ASIDE, prune, references_of, sweep, uncommit
 from snapstate.retention import steps_to_delete
 from snapstate.storage.base import Storage, capabilities, storage_for
+from snapstate.storage.local import LocalStorage
 
 log = logging.getLogger("snapstate")
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
-SET_ASIDE = f"{MANIFEST}.corrupt"  # where a set-aside step's manifest goes (object stores)
+SET_ASIDE_DIR = re.compile(r"^step-\d{9,}\.corrupt(\.\d+)?$")  # see _set_aside
 
 
 def step_dir(step: int) -> str:
@@ -47,6 +53,10 @@ class CheckpointManager:
     and the next ``save`` waits for it. ``options`` are the SaveOptions of every save; ``timeout`` (seconds, the
     options' field of that name, a ValueError if it contradicts them) bounds every wait for
     the other ranks, in saves and in ``restore``.
+
+    ``incremental=True`` (local file systems only, without compression): a chunk whose bytes
+    equal those of the same chunk in the previous committed step is referenced, not written
+    again (``docs/incremental.md``); retention keeps every file a retained step references.
     """
 
     def __init__(
@@ -59,10 +69,22 @@ class CheckpointManager:
         timeout: float | None = None,
         process_group: Any = None,
         options: SaveOptions | None = None,
+        incremental: bool = False,
     ) -> None:
         if keep_last is not None and keep_last < 1:
             raise ValueError("keep_last must be at least 1 (or None to keep everything)")
+        if incremental and options is not None and options.compression is not None:
+            raise ValueError(INCREMENTAL_COMPRESSED)
         self.storage: Storage = storage_for(root)
+        if incremental and type(self.storage) is not LocalStorage:
+            raise ValueError(
+                f"incremental saves are local-only for now: {self.storage!r} is not a local"
+                " file system (object stores and tiers cannot hold references between steps yet)"
+            )
+        self.incremental = incremental
+        # step directory -> the files of other steps its manifest references (manifests do
+        # not change once committed; a step saved again or deleted is dropped from it)
+        self._references: dict[str, frozenset[str]] = {}
         self._given_storage = not isinstance(root, (str, os.PathLike))
         self.root = os.fspath(root) if isinstance(root, (str, os.PathLike)) else self.storage.root
         self.keep_last, self.keep_every, self.async_save = keep_last, keep_every, async_save
@@ -103,7 +125,12 @@ class CheckpointManager:
         """Checkpoint ``state`` as ``step``: an async manager returns the SaveHandle after
         staging, a blocking one the SaveResult once committed; ``wait()`` gives it on both."""
         self.wait()
-        kwargs = {"step": step, "process_group": self.process_group, "options": self.options}
+        self._refuse_referenced(step)
+        self._references.pop(step_dir(step), None)
+        options = self.options
+        if self.incremental:
+            options = replace(options, incremental=self._reuse_for(step))
+        kwargs = {"step": step, "process_group": self.process_group, "options": options}
         if not self.async_save:
             result = api.save(state, self.path(step), **kwargs)
             self._apply_retention()
@@ -165,6 +192,33 @@ class CheckpointManager:
         self.close()
 
     # -- internals ---------------------------------------------------------------
+    def _reuse_for(self, step: int) -> Reuse:
+        """What an incremental save of ``step`` may reference: the newest earlier committed
+        step's chunks, from its manifest (every rank reads it: no bytes of old files)."""
+        name = step_dir(step)
+        earlier = [s for s in self.steps() if s < step]
+        if not earlier:
+            return Reuse(name)
+        prior = step_dir(earlier[-1])
+        try:  # its files are there with their sizes, or a reference could never commit
+            manifest = read_manifest(self.storage.child(prior))
+        except CheckpointError as exc:  # a damaged previous step: write everything
+            log.warning("snapstate: step %d not usable as a base (%s)", earlier[-1], exc)
+            return Reuse(name)
+        return prior_from_manifest(manifest, prior, name)
+
+    def _refuse_referenced(self, step: int) -> None:
+        """A save must not clear a step directory whose files committed steps reference."""
+        name = step_dir(step)
+        if not self.storage.exists(name):
+            return
+        others = [step_dir(s) for s in self.steps() if s != step]
+        if any(f.startswith(name + "/") for f in self._referenced(others)):
+            raise CheckpointError(
+                f"cannot save step {step}: {self.root}/{name} holds files that later committed"
+                " steps reference (incremental saves); save under another step number"
+            )
+
     def _try_load(self, state: Any, step: int, strict: bool) -> tuple[str | None, bool]:
         """Load on every rank; all ranks agree on success so they pick the same step.
 
@@ -202,9 +256,12 @@ class CheckpointManager:
         if self.coord.rank != 0:
             return
         name = step_dir(step)
+        others = [step_dir(s) for s in self.steps() if s != step]
+        shared = any(f.startswith(name + "/") for f in self._referenced(others))
+        self._references.pop(name, None)
         try:
             renames = capabilities(self.storage).renames
-            if renames is not None:
+            if renames is not None and not shared:
                 target = _free_name(self.storage, f"{name}.corrupt")
                 renames.rename(name, target)
                 self.storage.sync_dir()
@@ -220,6 +277,7 @@ class CheckpointManager:
             log.warning("snapstate: could not set aside damaged step %d: %s", step, exc)
             return
         log.warning("snapstate: damaged checkpoint step %d set aside as %s", step, target)
+        self._sweep()  # files only the set-aside step referenced may go now
 
     def _step_dirs(self) -> list[tuple[int, str]]:
         return [
@@ -229,20 +287,47 @@ class CheckpointManager:
         ]
 
     def _remove_uncommitted(self) -> None:
-        for _, name in self._step_dirs():
-            committed = self.storage.exists(f"{name}/{MANIFEST}")
-            if not committed and not self.storage.exists(f"{name}/{SET_ASIDE}"):
-                log.info("snapstate: removing uncommitted leftover %s", name)
-                self.storage.remove_tree(name)
+        """Leftovers of interrupted saves (and of deletions interrupted after the manifest
+        went) go, except files that committed steps reference."""
+        self._sweep()
+
+    def _sweep(self) -> None:
+        committed = [step_dir(s) for s in self.steps()]
+        try:
+            keep = self._referenced(committed)
+        except OSError as exc:  # nothing is deleted on a guess
+            log.warning("snapstate: leftovers kept, the manifests could not be read: %s", exc)
+            return
+        sweep(self.storage, committed, keep)
+
+    def _referenced(self, names: list[str]) -> frozenset[str]:
+        """Files of other steps that the steps ``names`` or a set-aside step reference: the
+        bytes of a set-aside step are kept for inspection, its shared ones included."""
+        aside = [n for n in self.storage.listdir() if SET_ASIDE_DIR.match(n)]
+        for name in [*names, *aside]:
+            if name not in self._references:
+                self._references[name] = references_of(self.storage, name)
+        return frozenset().union(*(self._references[n] for n in [*names, *aside]))
 
     def _apply_retention(self) -> None:
         if self.coord.rank != 0:
             return
-        for step in steps_to_delete(self.steps(), self.keep_last, self.keep_every):
-            name = step_dir(step)
-            # Uncommit first (manifest gone = invisible), then delete the bytes.
-            self.storage.remove(f"{name}/{MANIFEST}")
-            self.storage.remove_tree(name)
+        committed = self.steps()
+        doomed = steps_to_delete(committed, self.keep_last, self.keep_every)
+        if not doomed:
+            return
+        kept = [step_dir(s) for s in committed if s not in doomed]
+        try:
+            keep = self._referenced(kept)  # read before anything goes
+        except OSError as exc:  # nothing is deleted on a guess
+            log.warning("snapstate: retention skipped, the manifests could not be read: %s", exc)
+            return
+        for step in doomed:
+            uncommit(self.storage, step_dir(step))  # manifest gone = invisible, first
+            self._references.pop(step_dir(step), None)
+        for step in doomed:  # then every byte no retained step references
+            prune(self.storage, step_dir(step), keep)
+        sweep(self.storage, kept, keep)  # steps deleted before whose files nobody needs now
 
 
 def _is_damage(exc: BaseException) -> bool:

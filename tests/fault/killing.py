@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -13,9 +14,12 @@ from click.testing import CliRunner
 import snapstate as ss
 from snapstate.cli import main as cli_main
 from snapstate.manager import STEP_DIR
+from snapstate.references import referenced
 from support.procs import LineServer
 
 from .saver_child import blank_state, make_state, state_differences
+
+States = Callable[[int], dict[str, Any]]
 
 CHILD = str(Path(__file__).with_name("saver_child.py"))
 
@@ -88,8 +92,9 @@ class RootReport:
     uncommitted: list[int]
 
 
-def check_root(root: Path) -> RootReport:
-    """Every step directory is committed and exact, or invisible; the CLI agrees."""
+def check_root(root: Path, states: States = make_state) -> RootReport:
+    """Every step directory is committed and exact, or invisible; the CLI agrees (``states``:
+    what the saver saved at each step)."""
     report = RootReport([], [])
     for name in sorted(os.listdir(root)):
         match = STEP_DIR.match(name)
@@ -100,7 +105,7 @@ def check_root(root: Path) -> RootReport:
             ss.verify(path)
             target = blank_state()
             ss.load(target, path)
-            bad = state_differences(target, make_state(step))
+            bad = state_differences(target, states(step))
             assert not bad, f"{name} is committed but differs from what was saved: {bad}"
             report.committed.append(step)
         else:
@@ -129,22 +134,29 @@ def _check_ls(root: Path, report: RootReport) -> None:
     assert states == expected, f"`snapstate ls` says {states}, expected {expected}"
 
 
-def recover(root: Path, before: RootReport) -> int | None:
-    """What a restarted job does: a new manager removes leftovers and restores the latest step."""
+def recover(root: Path, before: RootReport, states: States = make_state) -> int | None:
+    """What a restarted job does: a new manager removes leftovers and restores the latest step.
+
+    Of a directory without a manifest only files that committed steps reference may remain
+    (steps deleted by retention whose bytes incremental steps still use)."""
     latest = max(before.committed, default=None)
     with ss.CheckpointManager(root, keep_last=None, async_save=False) as mgr:
+        needed = referenced(mgr.storage, [f"step-{s:09d}" for s in mgr.steps()])
         leftovers = [
-            n
+            str(path.relative_to(root))
             for n in os.listdir(root)
             if STEP_DIR.match(n) and not (root / n / "manifest.json").exists()
+            for path in [root / n, *(root / n).rglob("*")]
+            if not path.is_dir() or not any(path.iterdir())
+            if str(path.relative_to(root)) not in needed
         ]
-        assert not leftovers, f"manager left uncommitted directories behind: {leftovers}"
+        assert not leftovers, f"manager left uncommitted files behind: {leftovers}"
         assert mgr.steps() == sorted(before.committed)
         state = blank_state()
         restored = mgr.restore(state)
         assert restored == latest, f"restore() returned {restored}, latest committed is {latest}"
         if restored is not None:
-            assert not state_differences(state, make_state(restored))
+            assert not state_differences(state, states(restored))
     return latest
 
 

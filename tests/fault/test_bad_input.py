@@ -347,7 +347,7 @@ def test_unknown_dtype(ckpt: Path, dtype: Any) -> None:
     [
         ("format", "orbax"),
         ("format", None),
-        ("version", 4),
+        ("version", 99),
         ("version", "1"),
         ("version", 0),
         ("version", None),

@@ -67,7 +67,11 @@ def example_manifest() -> bytes:
 MANIFEST = documented(section("`manifest.json`"))
 # the chunk fields of a compressed save only (SaveOptions(compression="zstd"), version 3)
 CODEC_FIELDS = ("codec", "frames")
-RAW_CHUNK = sorted(f for f in MANIFEST["tensors"]["chunks"] if f not in CODEC_FIELDS)
+# the chunk field of an incremental save only (CheckpointManager(incremental=True))
+DIGEST_FIELDS = ("digest",)
+RAW_CHUNK = sorted(
+    f for f in MANIFEST["tensors"]["chunks"] if f not in (*CODEC_FIELDS, *DIGEST_FIELDS)
+)
 # the tensor fields of the grid form only (a tensor of many chunks, version 5), not `chunks`
 GRID_FIELDS = ("grid", "file", "start", "block_bytes", "xxh3")
 LISTED_TENSOR = sorted(f for f in MANIFEST["tensors"] if f not in GRID_FIELDS)
@@ -127,7 +131,21 @@ def test_a_compressed_save_writes_the_documented_codec_fields(tmp_path: Path) ->
     options = ss.SaveOptions(compression="zstd")
     ss.save({"w": torch.zeros(64, 16)}, tmp_path / "ck", options=options)
     found = record_fields(json.loads((tmp_path / "ck" / "manifest.json").read_bytes()))
-    assert found["chunks"] == sorted(MANIFEST["tensors"]["chunks"])
+    assert found["chunks"] == sorted([*RAW_CHUNK, *CODEC_FIELDS])
+
+
+def test_an_incremental_save_writes_the_documented_digest_and_references(tmp_path: Path) -> None:
+    state = {"frozen": torch.zeros(64, 16), "trained": torch.zeros(8)}
+    with ss.CheckpointManager(tmp_path, incremental=True, async_save=False) as mgr:
+        mgr.save(1, state)
+        state["trained"] += 1
+        mgr.save(2, state)
+    doc = json.loads((tmp_path / "step-000000002" / "manifest.json").read_bytes())
+    found = record_fields(doc)
+    assert found[""] == list(MANIFEST) and doc["version"] == 4
+    assert found["chunks"] == sorted([*RAW_CHUNK, *DIGEST_FIELDS])
+    assert any(f.startswith("../step-000000001/") for f in doc["files"])
+    assert "## References (version 4" in SPEC.read_text()
 
 
 def test_a_grid_save_writes_the_documented_grid_fields(

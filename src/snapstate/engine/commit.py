@@ -25,6 +25,7 @@ from snapstate.format.manifest import (
     MANIFEST,
     ChunkRecord,
     CompressedChunk,
+    DigestChunk,
     FileRecord,
     Manifest,
     RankLocalRecord,
@@ -143,6 +144,8 @@ def assemble_manifest(
 
 def _chunk_record(c: MarkerChunk) -> ChunkRecord:
     fields = (list(c.offsets), list(c.sizes), c.file, c.name, c.start, c.end, c.block_bytes)
+    if c.codec is None and c.digest is not None:
+        return DigestChunk(*fields, list(c.xxh3), c.digest)
     if c.codec is None:
         return ChunkRecord(*fields, list(c.xxh3))
     return CompressedChunk(*fields, list(c.xxh3), c.codec, [list(f) for f in c.frames])

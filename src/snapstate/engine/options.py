@@ -7,6 +7,7 @@ from dataclasses import dataclass, field, replace
 from snapstate.engine.staging import DEFAULT_SLAB_BYTES
 from snapstate.format.codec import CODECS
 from snapstate.format.integrity import DEFAULT_BLOCK_BYTES
+from snapstate.planning.incremental import Reuse
 from snapstate.planning.layout import PlanOptions
 
 
@@ -40,6 +41,10 @@ class SaveOptions:
       (zstd level 1; float dtypes split into byte planes first, ``format/codec.py``), on the
       writer threads; loads decode on the read side. Pays where bandwidth is dear (object
       storage); None (default) stores raw bytes, faster where the disk outruns the codec.
+    - ``incremental``: set by ``CheckpointManager(incremental=True)`` for each save, not by
+      hand: the chunks of the previous committed step that this save references instead of
+      writing when their bytes are unchanged (by xxh3-128 digest, computed in the checksum
+      pass); every chunk's digest is recorded. Not with ``compression`` (default None: off).
     """
 
     timeout: float = 1800.0
@@ -52,10 +57,19 @@ class SaveOptions:
     unchecked_replicas: tuple[str, ...] = ()
     replica_witnesses: int | None = 1
     compression: str | None = None
+    incremental: Reuse | None = field(default=None, compare=False)
 
     def __post_init__(self) -> None:
         if self.compression not in (None, *CODECS):
             raise ValueError(f"compression={self.compression!r}: expected None or one of {CODECS}")
+        if self.compression is not None and self.incremental is not None:
+            raise ValueError(INCREMENTAL_COMPRESSED)
+
+
+INCREMENTAL_COMPRESSED = (
+    "incremental saves do not support compression yet: a compressed chunk's stored bytes"
+    " differ from its raw ones, so pass compression=None with incremental=True"
+)
 
 
 _DEFAULTS = SaveOptions()

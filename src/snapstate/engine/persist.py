@@ -14,9 +14,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from snapstate.engine.compress import ChunkKey, CompressedFile, StoredChunk
+from snapstate.engine.reuse import ReusingFile
 from snapstate.engine.staging import StagedBytes
 from snapstate.errors import CheckpointError, CheckpointIOError
 from snapstate.format.integrity import BlockHasher
+from snapstate.planning import incremental
 from snapstate.planning.items import PlacedItem, RankPlan
 from snapstate.state.views import GatheredBytes
 from snapstate.storage.base import FileWriter, Storage, vectored_writer
@@ -80,6 +82,17 @@ class _Job:
     parts: tuple[tuple[PlacedItem, int, int, bool], ...]
 
 
+@dataclass(frozen=True)
+class _Decided:
+    """An incremental save's job once hashed: what to write where (``buffers`` back to back
+    from ``at``), and whether the job completed its file (then its header goes next)."""
+
+    job: _Job
+    at: int
+    buffers: tuple[memoryview, ...]
+    complete: bool
+
+
 @dataclass
 class PersistStats:
     bytes_written: int = 0
@@ -90,6 +103,11 @@ class PersistStats:
     # compressed saves: where each chunk was stored, and each file's real size
     stored: dict[ChunkKey, StoredChunk] = field(default_factory=dict)
     file_sizes: dict[str, int] = field(default_factory=dict)
+    # incremental saves: each chunk's xxh3-128, the chunks referenced (not written) with the
+    # earlier copy they reference, and the files not written at all (every chunk referenced)
+    content: dict[ChunkKey, str] = field(default_factory=dict)
+    reused: dict[ChunkKey, incremental.StoredChunk] = field(default_factory=dict)
+    dropped: set[str] = field(default_factory=set)
 
 
 class RankWriter:
@@ -103,8 +121,14 @@ class RankWriter:
         threads: int = 1,
         hold: bool = False,
         compression: str | None = None,
+        reuse: incremental.Reuse | None = None,
     ) -> None:
         self.storage = storage
+        # incremental: each file's chunks hashed before they are written, unchanged ones
+        # referenced; the header goes last, once the file's chunks are decided
+        self._reusing = (
+            {f.path: ReusingFile(f, block_bytes, reuse) for f in plan.files} if reuse else None
+        )
         # compressed: each file's frames, written header first once the file is complete
         self._compressed = (
             {f.path: CompressedFile(f, block_bytes) for f in plan.files} if compression else None
@@ -151,7 +175,8 @@ class RankWriter:
             for f in self._files:
                 writer = self.storage.open_writer(f.path, f.size)
                 self._writers[f.path] = writer
-                if self._compressed is None:  # else its real header comes with its frames
+                if self._compressed is None and self._reusing is None:
+                    # else its real header comes with its frames, or once its chunks are decided
                     writer.write_at(memoryview(f.header), 0)
         except BaseException:
             self.abort()
@@ -221,6 +246,9 @@ class RankWriter:
         if self.error is None and self._compressed is not None:
             for path in list(self._compressed):  # files without chunks
                 self._write_compressed(path)
+        if self.error is None and self._reusing is not None:
+            for path in list(self._reusing):  # files without chunks
+                self._finish_reusing(path)
         if self.error is not None:
             self.abort()
             raise self.error
@@ -272,27 +300,38 @@ class RankWriter:
             if job is _STOP:
                 hashes.put(_STOP)
                 return
+            out: _Job | _Decided = job
             try:
                 if self.error is None and not self._aborted:
-                    self._write(job)
+                    if self._reusing is not None:
+                        out = self._decide(
+                            self._reusing[job.file], job
+                        )  # written on the next thread
+                    else:
+                        self._write(job)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)
-            hashes.put(job)  # the hasher releases the buffer once it is written and hashed
+            hashes.put(out)  # the hasher releases the buffer once it is written and hashed
 
     def _run_hasher(self, q: queue.SimpleQueue) -> None:
         while True:
             job = q.get()
             if job is _STOP:
                 return
+            staged = job.job.staged if isinstance(job, _Decided) else job.staged
             try:
-                if self.error is None:
+                if self.error is not None or self._aborted:
+                    pass
+                elif isinstance(job, _Decided):  # incremental: hashed already, write it now
+                    self._write_decided(job)
+                elif self._reusing is None:
                     for i, (placed, begin, end, last) in enumerate(job.parts):
                         self._hash(placed, job.staged.part(i, begin, end), last)
             except BaseException as exc:  # noqa: BLE001 - surfaced on close(), i.e. on wait()
                 self._fail(exc)
             finally:
-                if job.staged.release:
-                    job.staged.release()
+                if staged.release:
+                    staged.release()
 
     def _fail(self, exc: BaseException) -> None:
         with self._lock:
@@ -332,6 +371,61 @@ class RankWriter:
             self.stats.stored.update(places)
             self.stats.file_sizes[path] = nbytes
             self.stats.bytes_written += nbytes
+
+    def _decide(self, pending: ReusingFile, job: _Job) -> _Decided:
+        """Hash the job's chunks (block checksums and digest in one pass) and decide which
+        are written; the writing runs on the next thread, overlapping the next job's hash."""
+        if job.staged.ready:
+            job.staged.ready()
+        at, buffers = -1, []
+        for i, (placed, begin, end, last) in enumerate(job.parts):
+            start, pieces = pending.add(placed, job.staged.part(i, begin, end), last)
+            if pieces and at < 0:
+                at = start
+            buffers.extend(pieces)
+        return _Decided(job, at, tuple(buffers), pending.complete)
+
+    def _write_decided(self, decided: _Decided) -> None:
+        """The changed chunks back to back (one write), then the header once the file is."""
+        started = time.perf_counter()
+        path, buffers = decided.job.file, decided.buffers
+        writer = self._writers[path]
+        if len(buffers) == 1:  # as a plain save writes one piece: past the cache where it can
+            writer.write_at(buffers[0], decided.at)
+        elif buffers:
+            write_gathered(writer, buffers, decided.at)
+        if decided.complete:
+            self._finish_reusing(path)
+        with self._lock:
+            self.stats.bytes_written += sum(len(b) for b in buffers)
+            self.stats.write_s += time.perf_counter() - started
+
+    def _finish_reusing(self, path: str) -> None:
+        """Once every chunk of the file is decided: its header, or no file at all."""
+        pending = self._reusing.pop(path, None) if self._reusing is not None else None
+        if pending is None:
+            return
+        writer = self._writers[path]
+        with self._lock:
+            for key, w in pending.written.items():
+                self.stats.stored[key] = StoredChunk(w.start, w.end, None, (), w.xxh3)
+                self.stats.digests[key] = list(w.xxh3)
+                self.stats.content[key] = w.digest
+            for key, (prior, digest) in pending.reused.items():
+                self.stats.reused[key] = prior
+                self.stats.digests[key] = list(prior.xxh3)
+                self.stats.content[key] = digest
+        if pending.empty and pending.plan.items:
+            del self._writers[path]
+            writer.abort()  # removes the file: nothing of it is needed
+            with self._lock:
+                self.stats.dropped.add(path)
+            return
+        header = pending.header()
+        writer.write_at(memoryview(header), 0)
+        with self._lock:
+            self.stats.file_sizes[path] = pending.cursor
+            self.stats.bytes_written += len(header)
 
     def _hash(self, placed: PlacedItem, data: memoryview, last: bool) -> None:
         # an empty chunk starts where the next one does: the key needs its end too

@@ -27,6 +27,7 @@ from snapstate.engine.gcpause import paused as gc_paused
 from snapstate.engine.handle import SaveHandle, SaveResult
 from snapstate.engine.options import SaveOptions
 from snapstate.engine.persist import PersistStats, RankWriter, as_checkpoint_error
+from snapstate.engine.reuse import with_references
 from snapstate.engine.stageplan import Run, Single, single_run, stage_steps, witness_steps
 from snapstate.engine.staging import (
     SMALL_CHUNK_BYTES,
@@ -34,7 +35,7 @@ from snapstate.engine.staging import (
     Stager,
 )
 from snapstate.errors import CheckpointExistsError
-from snapstate.format.manifest import MANIFEST
+from snapstate.format.manifest import MANIFEST, is_reference
 from snapstate.format.marker import LocalTensor, Marker
 from snapstate.planning.items import ItemMeta, PlacedItem, Placement, RankPlan, WriteItem
 from snapstate.planning.replicas import witnessed_by
@@ -122,6 +123,10 @@ class SaveJob:
     ) -> None:
         if mode is SaveMode.ASYNC and pool is None:
             raise ValueError("an async save needs a staging pool")
+        if options.incremental is not None and step is None:  # its references name steps
+            raise ValueError(
+                "an incremental save needs its step: use CheckpointManager(incremental=True)"
+            )
         self.state = state
         self.storage = storage
         self.coord = coord
@@ -222,6 +227,7 @@ class SaveJob:
                 options.threads,
                 hold=self.mode is SaveMode.ASYNC,
                 compression=options.compression,
+                reuse=options.incremental,
             )
             stager = Stager(self.pool, options.timeout, before_wait=writer.flush)
             piece_bytes = self._piece_bytes()
@@ -338,7 +344,7 @@ class SaveJob:
         replicas = hasher.result() if hasher is not None else {}
         if hasher is not None:
             self.timings["replica_check_s"] = hasher.seconds
-        return _marker(
+        marker = _marker(
             self.coord.rank,
             staged.planned,
             stats,
@@ -346,16 +352,28 @@ class SaveJob:
             staged.blocking_s,
             replicas,
         )
+        reuse = self.options.incremental
+        return (
+            marker
+            if reuse is None
+            else with_references(marker, staged.planned.rank_plan, stats, reuse)
+        )
 
     def _result(self, persisted: Persisted, commit_s: float) -> SaveResult:
         rank_plan = persisted.planned.rank_plan
+        written = rank_plan.nbytes
+        files = [f.path for f in rank_plan.files]
+        if self.options.incremental is not None:  # what this save wrote, not what it references
+            own = persisted.arrival.marker.files
+            files = [f for f in own if not is_reference(f)]
+            written = sum(own[f] for f in files)
         return SaveResult(
             path=self.storage.root,
             step=self.step,
             rank=self.coord.rank,
             world_size=self.coord.world_size,
-            bytes_written=rank_plan.nbytes,
-            files=[f.path for f in rank_plan.files],
+            bytes_written=written,
+            files=files,
             blocking_s=persisted.blocking_s,
             persist_s=persisted.persist_s,
             commit_s=commit_s,

@@ -21,7 +21,7 @@ from snapstate.format.dtypes import dtype_from_name, itemsize
 from snapstate.format.grid import expand, grid_form
 from snapstate.format.integrity import block_count
 from snapstate.format.tree import tree_problem
-from snapstate.format.validation import FieldChecks, short
+from snapstate.format.validation import STEP_NAME, FieldChecks, short
 
 FORMAT_NAME = "snapstate"
 FORMAT_VERSION = 2  # 2: the manifest ends with its own "checksum" (1 is still read)
@@ -29,11 +29,16 @@ FORMAT_VERSION = 2  # 2: the manifest ends with its own "checksum" (1 is still r
 # that predates compression refuses such a checkpoint as a newer format (kept, not set aside)
 # instead of reading its stored bytes as raw ones; every other save still writes version 2.
 COMPRESSED_VERSION = 3
-# 5: version 3 plus tensors whose chunks are written as a grid (``format/grid.py``). Written
-# only when a tensor has that many chunks (a job of hundreds of ranks), so that smaller
+# 4: version 2 or 3 plus references to files of an earlier step of the same root
+# (``../step-<n>/<path>``, incremental saves). Written only when a manifest holds one, so a
+# reader that predates them refuses it as a newer format instead of looking for the file
+# inside this step; every other save writes 2 or 3 as before.
+REFERENCE_VERSION = 4
+# 5: version 3 or 4 plus tensors whose chunks are written as a grid (``format/grid.py``).
+# Written only when a tensor has that many chunks (a job of hundreds of ranks), so that smaller
 # checkpoints stay readable by readers that predate it; those refuse a version 5 as newer.
 GRID_VERSION = 5
-READ_VERSIONS = (1, 2, 3, 5)
+READ_VERSIONS = (1, 2, 3, 4, 5)
 MANIFEST = "manifest.json"
 # Parsing peaks at about 12x the file in Python objects (measured: a 27 MiB manifest of
 # 100k tensors, +330 MiB), so the cap bounds a hostile or runaway manifest to ~1.5 GB. A 70B
@@ -57,6 +62,23 @@ class ChunkRecord:
     @property
     def compressed(self) -> bool:
         return False
+
+
+@dataclass
+class DigestChunk(ChunkRecord):
+    """A chunk of an incremental save: ``digest`` is the xxh3-128 of its bytes (32 hex), which
+    the next incremental save compares to decide whether to reference it. A subclass, so the
+    manifests of other saves keep their bytes."""
+
+    digest: str = ""
+
+
+DIGEST = re.compile(r"[0-9a-f]{32}")
+
+
+def is_reference(path: str) -> bool:
+    """Whether a manifest's file path names a file of another step (``../step-<n>/...``)."""
+    return path.startswith("../")
 
 
 @dataclass
@@ -121,6 +143,8 @@ class Manifest:
         ordered = {"format": body.pop("format"), "version": body.pop("version"), **body}
         if any(c.compressed for t in self.all_tensors().values() for c in t.chunks):
             ordered["version"] = max(self.version, COMPRESSED_VERSION)
+        if any(is_reference(f) for f in self.files):
+            ordered["version"] = max(ordered["version"], REFERENCE_VERSION)
         if sum(len(t.chunks) for t in self.tensors.values()) >= grid.GRID_MIN_MANIFEST_CHUNKS:
             where = {path: i for i, path in enumerate(self.files)}
             ordered["tensors"] = {k: _encoded(k, t, where) for k, t in self.tensors.items()}
@@ -140,7 +164,10 @@ class Manifest:
 
 
 def _encoded(key: str, rec: TensorRecord, files: dict[str, int]) -> TensorRecord | dict[str, Any]:
-    """The record in grid form where its chunks are a grid, else as it is (a chunk list)."""
+    """The record in grid form where its chunks are a grid, else as it is (a chunk list).
+    Chunks that carry a content digest (incremental saves) stay listed: a grid has no digest."""
+    if any(isinstance(c, DigestChunk) for c in rec.chunks):
+        return rec
     grid = grid_form(key, rec.shape, itemsize(dtype_from_name(rec.dtype)), rec.chunks, files)
     if grid is None:
         return rec
@@ -229,6 +256,13 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     v = _Validator(file)
     v.version = doc["version"]  # checked by _check_version
     v.grid_budget = grid.MAX_GRID_CHUNKS
+    step = doc.get("step")
+    v.require(
+        step is None or (isinstance(step, int) and not isinstance(step, bool)),
+        "step is not an integer",
+        "step",
+    )
+    v.step = step
     files = {
         v.path(p, "files"): v.file_record(p, r)
         for p, r in v.mapping(doc.get("files"), "files").items()
@@ -246,12 +280,6 @@ def parse_manifest(raw: bytes, file: str = MANIFEST) -> Manifest:
     v.trees(tree, tensors, rank_local)
     v.disjoint(
         [*tensors.items(), *((k, t) for r in rank_local.values() for k, t in r.tensors.items())]
-    )
-    step = doc.get("step")
-    v.require(
-        step is None or (isinstance(step, int) and not isinstance(step, bool)),
-        "step is not an integer",
-        "step",
     )
     return Manifest(
         tree=tree,
@@ -274,8 +302,11 @@ class _Validator(FieldChecks):
     version: int = FORMAT_VERSION
     grid_budget: int = 0  # how many chunks the grids of this manifest may still expand to
     file_order: tuple[list[str], list[int]] | None = None
+    step: int | None = None
 
     def path(self, value: Any, key: str) -> str:
+        if isinstance(value, str) and is_reference(value):
+            return self.reference(value, key)
         ok = (
             isinstance(value, str)
             and value
@@ -288,6 +319,35 @@ class _Validator(FieldChecks):
             bool(ok) and norm == value and not norm.startswith("..") and norm != ".",
             f"path {short(value)} points outside the checkpoint",
             key,
+        )
+        return value
+
+    def reference(self, value: str, key: str) -> str:
+        """``../step-<n>/<path>``, exactly: one ``..``, then an earlier step of the same root,
+        then a normalized relative path; anything else points outside the root."""
+        where = f"{key}/{short(value)}"
+        self.require(
+            self.version >= REFERENCE_VERSION,
+            f"path {short(value)} points outside the checkpoint (a reference to another"
+            f" step's file needs format version {REFERENCE_VERSION}, this manifest is"
+            f" version {self.version})",
+            where,
+        )
+        parts = value.split("/")
+        norm = posixpath.normpath(value) == value and "\\" not in value and "\x00" not in value
+        step = STEP_NAME.fullmatch(parts[1]) if len(parts) > 2 else None
+        self.require(
+            norm and step is not None and all(p not in ("", ".", "..") for p in parts[2:]),
+            f"path {short(value)} points outside the checkpoint: a reference must be"
+            " ../step-<number>/<normalized relative path>",
+            where,
+        )
+        assert step is not None  # for mypy: required above
+        self.require(
+            self.step is not None and int(step.group(1)) < self.step,
+            f"path {short(value)} references step {int(step.group(1))}, which is not an"
+            f" earlier step of the root than this manifest's step {self.step}",
+            where,
         )
         return value
 
@@ -414,6 +474,11 @@ class _Validator(FieldChecks):
             return CompressedChunk(
                 offsets, sizes, file, name, start, end, block, digests, rec["codec"], frames
             )
+        if "digest" in rec:
+            digest = rec["digest"]
+            if not (type(digest) is str and DIGEST.fullmatch(digest)):
+                raise self.fail(f"digest {short(digest)} is not 32 hex digits", key)
+            return DigestChunk(offsets, sizes, file, name, start, end, block, digests, digest)
         return ChunkRecord(offsets, sizes, file, name, start, end, block, digests)
 
     def frames(

@@ -38,6 +38,7 @@ class MarkerChunk:
     codec: str | None = None
     frames: tuple[tuple[int, int], ...] = ()
     raw_xxh3: tuple[str, ...] = ()
+    digest: str | None = None  # incremental saves: xxh3-128 of the chunk's bytes
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ def _chunk_json(c: MarkerChunk) -> dict[str, Any]:
     }
     if c.codec is not None:
         doc.update(codec=c.codec, frames=[list(f) for f in c.frames], raw_xxh3=list(c.raw_xxh3))
+    if c.digest is not None:
+        doc["digest"] = c.digest
     return doc
 
 
@@ -177,6 +180,7 @@ class _Check(FieldChecks):
             block_bytes=self.integer(c.get("block_bytes"), key),
             xxh3=tuple(self.text(h, key) for h in self.array(c.get("xxh3"), key)),
             **self.compression(c, key),
+            digest=None if c.get("digest") is None else self.text(c["digest"], key),
         )
         self.require(chunk.placement in PLACEMENTS, f"unknown placement {chunk.placement!r}", key)
         self.require(chunk.start <= chunk.end, "chunk ends before it starts", key)

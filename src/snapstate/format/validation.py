@@ -6,10 +6,14 @@ and the key; ``format/manifest.py`` and ``format/marker.py`` build their records
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from snapstate.errors import CorruptCheckpointError
 
+# A step directory's name (the manager's ``step-<9+ digits>``): the only directory a manifest's
+# reference to another step's file (format version 4) may name.
+STEP_NAME = re.compile(r"step-(\d{9,})")
 MAX_INT = (1 << 63) - 1  # sizes, offsets and byte positions must fit torch's and the OS's int64
 
 

@@ -14,7 +14,9 @@ reused chunk points at the step that wrote the bytes.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from snapstate.format.validation import STEP_NAME
 
 ChunkId = tuple[str, tuple[int, ...]]  # (key, offsets): the same chunk across steps
 
@@ -53,6 +55,28 @@ class ReusePlan:
         return sum(c.content.stored_bytes for c in self.reused.values())
 
 
+@dataclass(frozen=True)
+class Reuse:
+    """What an incremental save may reference: the chunks of the newest earlier committed step
+    of its root (empty for the first save, which still records digests), with the size of
+    every file they lie in; ``step`` is the directory name of the step being saved."""
+
+    step: str
+    chunks: Mapping[ChunkId, StoredChunk] = field(default_factory=dict)
+    file_bytes: Mapping[str, int] = field(default_factory=dict)  # root-relative file -> size
+
+    def reusable(self, cid: ChunkId, content: ChunkContent) -> StoredChunk | None:
+        """The earlier copy of chunk ``cid`` if its content equals ``content``."""
+        prior = self.chunks.get(cid)
+        return prior if prior is not None and prior.content == content else None
+
+
+def chunk_id(name: str, offsets: Iterable[int]) -> ChunkId:
+    """A chunk's identity across steps from its shard entry name (``<key>@<offsets>``, with
+    ``rank<r>/`` before a rank-local key): the key part and the offsets."""
+    return (name.rpartition("@")[0], tuple(offsets))
+
+
 def plan_reuse(
     prior: Mapping[ChunkId, StoredChunk], current: Mapping[ChunkId, ChunkContent]
 ) -> ReusePlan:
@@ -79,6 +103,12 @@ def resolve(step: str, manifest_file: str) -> str:
     if len(rest) < 2 or any(p in ("", ".", "..") for p in rest) or rest[0] == step:
         raise ValueError(f"{manifest_file!r}: a reference is ../<another step>/<path>")
     return "/".join(rest)
+
+
+def step_number(name: str) -> int | None:
+    """The step of a step directory's name, or None for any other name."""
+    m = STEP_NAME.fullmatch(name)
+    return int(m.group(1)) if m else None
 
 
 def referenced_steps(step: str, files: Iterable[str]) -> frozenset[str]:

@@ -333,8 +333,16 @@ class LocalStorage:
             os.close(fd)
 
     def leaves_root(self, path: str) -> bool:
-        """Whether ``path`` resolves (through symlinks) to a place outside the root."""
+        """Whether ``path`` resolves (through symlinks) to a place outside the root. A reference
+        to another step's file (``../step-<n>/...``, validated by the manifest) must resolve
+        inside that step's directory, beside this one, itself no symlink."""
         root = os.path.realpath(self.root)
+        if path.startswith("../"):
+            step = path.split("/")[1]
+            parent = os.path.realpath(os.path.dirname(os.path.abspath(self.root)))
+            if os.path.islink(os.path.join(parent, step)):
+                return True
+            root = os.path.join(parent, step)
         return os.path.commonpath([root, os.path.realpath(self._full(path))]) != root
 
     def size(self, path: str) -> int:
