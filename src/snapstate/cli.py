@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 from rich.console import Console
@@ -15,6 +15,9 @@ from snapstate import api
 from snapstate.errors import CheckpointError, CheckpointNotFoundError
 from snapstate.format.manifest import Manifest
 from snapstate.plansim import plan_sim
+
+if TYPE_CHECKING:
+    from snapstate.storage.base import Storage
 
 console = Console()
 
@@ -235,7 +238,27 @@ def step_rows(root: str) -> list[tuple[int, str, Manifest | None]]:
         except CheckpointError as exc:
             state = "uncommitted" if "not committed" in str(exc) else f"invalid: {_one_line(exc)}"
             rows.append((int(match.group(1)), state[:60], None))
-    return sorted(rows, key=lambda row: row[0])
+    return sorted(_kept_for_references(storage, rows), key=lambda row: row[0])
+
+
+def _kept_for_references(
+    storage: Storage, rows: list[tuple[int, str, Manifest | None]]
+) -> list[tuple[int, str, Manifest | None]]:
+    """A step retention deleted whose files later steps still reference (incremental saves)
+    is no leftover of an interrupted save: say so."""
+    from snapstate.manager import step_dir
+    from snapstate.references import referenced
+
+    if not any(state == "uncommitted" for _, state, _ in rows):
+        return rows
+    shared = referenced(storage, [step_dir(step) for step, _, m in rows if m is not None])
+    held = {f.split("/", 1)[0] for f in shared}
+    return [
+        (step, "deleted (files referenced by later steps kept)", m)
+        if state == "uncommitted" and step_dir(step) in held
+        else (step, state, m)
+        for step, state, m in rows
+    ]
 
 
 def _print_steps(root: str, rows: list[tuple[int, str, Manifest | None]], as_json: bool) -> None:

@@ -386,3 +386,19 @@ def test_a_reader_before_version_4_refuses_references_as_a_newer_format(
     ss.inspect(tmp_path / step_dir(1))  # no reference: still version 2
     with pytest.raises(ss.UnsupportedFormatError, match="version 4"):
         ss.inspect(tmp_path / step_dir(2))
+
+
+def test_inspect_of_a_root_names_a_deleted_step_whose_files_later_steps_reference(
+    tmp_path: Path,
+) -> None:
+    from click.testing import CliRunner
+
+    from snapstate.cli import main
+
+    save_steps(tmp_path, 3, keep_last=1, async_save=False)  # steps 1, 2 deleted; 1's frozen kept
+    result = CliRunner().invoke(main, ["inspect", str(tmp_path), "--json"])  # a manager root
+    assert result.exit_code == 0, result.output
+    states = {row["step"]: row["state"] for row in json.loads(result.output)["steps"]}
+    assert states[3] == "committed"
+    assert states[1] == "deleted (files referenced by later steps kept)"
+    assert 2 not in states  # nothing of it referenced: removed whole
