@@ -13,8 +13,9 @@ from click.testing import CliRunner
 
 import snapstate as ss
 from snapstate.cli import main as cli_main
-from snapstate.manager import STEP_DIR
+from snapstate.manager import STEP_DIR, step_dir
 from snapstate.references import referenced
+from snapstate.storage.base import storage_for
 from support.procs import LineServer
 
 from .saver_child import blank_state, make_state, state_differences
@@ -129,7 +130,7 @@ def _check_ls(root: Path, report: RootReport) -> None:
         if len(cells) >= 2 and cells[0].isdigit():
             states[int(cells[0])] = cells[1]
     expected = {s: "committed" for s in report.committed} | {
-        s: "uncommitted" for s in report.uncommitted
+        s: _uncommitted_state(root, s, report.committed) for s in report.uncommitted
     }
     assert states == expected, f"`snapstate ls` says {states}, expected {expected}"
 
@@ -165,3 +166,12 @@ def prune(root: Path, keep: int) -> None:
     steps = sorted(int(m.group(1)) for n in os.listdir(root) if (m := STEP_DIR.match(n)))
     for step in steps[:-keep] if keep else steps:
         shutil.rmtree(root / f"step-{step:09d}")
+
+
+def _uncommitted_state(root: Path, step: int, committed: list[int]) -> str:
+    """What `ls` says of a step without a manifest: a leftover, or (incremental saves) a step
+    retention deleted whose files committed steps still reference."""
+    shared = referenced(storage_for(str(root)), [step_dir(s) for s in committed])
+    if any(f.startswith(step_dir(step) + "/") for f in shared):
+        return "deleted (files referenced by later steps kept)"
+    return "uncommitted"
