@@ -33,7 +33,6 @@ from snapstate.planning.incremental import Reuse
 from snapstate.references import SET_ASIDE, prune, references_of, sweep, uncommit
 from snapstate.retention import steps_to_delete
 from snapstate.storage.base import Storage, capabilities, storage_for
-from snapstate.storage.local import LocalStorage
 
 log = logging.getLogger("snapstate")
 STEP_DIR = re.compile(r"^step-(\d{9,})$")
@@ -76,7 +75,9 @@ class CheckpointManager:
         if incremental and options is not None and options.compression is not None:
             raise ValueError(INCREMENTAL_COMPRESSED)
         self.storage: Storage = storage_for(root)
-        if incremental and type(self.storage) is not LocalStorage:
+        # A reference names a file of another step; only a backend that can tell whether a
+        # path resolves outside its root (local file systems) lets a load check one.
+        if incremental and capabilities(self.storage).link_check is None:
             raise ValueError(
                 f"incremental saves are local-only for now: {self.storage!r} is not a local"
                 " file system (object stores and tiers cannot hold references between steps yet)"
