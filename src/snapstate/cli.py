@@ -247,12 +247,11 @@ def _kept_for_references(
     """A step retention deleted whose files later steps still reference (incremental saves)
     is no leftover of an interrupted save: say so."""
     from snapstate.manager import step_dir
-    from snapstate.references import referenced
+    from snapstate.references import referenced, steps_holding
 
     if not any(state == "uncommitted" for _, state, _ in rows):
         return rows
-    shared = referenced(storage, [step_dir(step) for step, _, m in rows if m is not None])
-    held = {f.split("/", 1)[0] for f in shared}
+    held = steps_holding(referenced(storage, [step_dir(s) for s, _, m in rows if m is not None]))
     return [
         (step, "deleted (files referenced by later steps kept)", m)
         if state == "uncommitted" and step_dir(step) in held

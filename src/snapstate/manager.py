@@ -28,14 +28,15 @@ from snapstate.errors import (
     UnsupportedFormatError,
 )
 from snapstate.format.manifest import MANIFEST
+from snapstate.format.validation import STEP_NAME
 from snapstate.lock import RootLock
 from snapstate.planning.incremental import Reuse
-from snapstate.references import SET_ASIDE, prune, references_of, sweep, uncommit
+from snapstate.references import SET_ASIDE, prune, references_of, steps_holding, sweep, uncommit
 from snapstate.retention import steps_to_delete
 from snapstate.storage.base import Storage, capabilities, storage_for
 
 log = logging.getLogger("snapstate")
-STEP_DIR = re.compile(r"^step-(\d{9,})$")
+STEP_DIR = re.compile(rf"^{STEP_NAME.pattern}$")
 SET_ASIDE_DIR = re.compile(r"^step-\d{9,}\.corrupt(\.\d+)?$")  # see _set_aside
 
 
@@ -98,7 +99,7 @@ class CheckpointManager:
         if self._lock is not None:
             self.storage.makedirs()
             self._lock.acquire()
-            self._remove_uncommitted()
+            self._sweep()
 
     # -- queries -----------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -213,8 +214,7 @@ class CheckpointManager:
         name = step_dir(step)
         if not self.storage.exists(name):
             return
-        others = [step_dir(s) for s in self.steps() if s != step]
-        if any(f.startswith(name + "/") for f in self._referenced(others)):
+        if self._held_for_others(step):
             raise CheckpointError(
                 f"cannot save step {step}: {self.root}/{name} holds files that later committed"
                 " steps reference (incremental saves); save under another step number"
@@ -257,8 +257,7 @@ class CheckpointManager:
         if self.coord.rank != 0:
             return
         name = step_dir(step)
-        others = [step_dir(s) for s in self.steps() if s != step]
-        shared = any(f.startswith(name + "/") for f in self._referenced(others))
+        shared = self._held_for_others(step)
         self._references.pop(name, None)
         try:
             renames = capabilities(self.storage).renames
@@ -287,12 +286,14 @@ class CheckpointManager:
             if (m := STEP_DIR.match(name))
         ]
 
-    def _remove_uncommitted(self) -> None:
-        """Leftovers of interrupted saves (and of deletions interrupted after the manifest
-        went) go, except files that committed steps reference."""
-        self._sweep()
+    def _held_for_others(self, step: int) -> bool:
+        """Whether another committed step references files in ``step``'s directory."""
+        others = [step_dir(s) for s in self.steps() if s != step]
+        return step_dir(step) in steps_holding(self._referenced(others))
 
     def _sweep(self) -> None:
+        """Leftovers of interrupted saves (and of deletions interrupted after the manifest
+        went) go, except files that committed steps reference."""
         committed = [step_dir(s) for s in self.steps()]
         try:
             keep = self._referenced(committed)

@@ -63,6 +63,11 @@ def referenced(storage: Storage, names: Iterable[str]) -> frozenset[str]:
     return frozenset().union(*(references_of(storage, n) for n in names))
 
 
+def steps_holding(files: Iterable[str]) -> frozenset[str]:
+    """The step directories that the root-relative ``files`` lie in."""
+    return frozenset(f.split("/", 1)[0] for f in files)
+
+
 def uncommit(storage: Storage, name: str) -> None:
     """Remove the step's manifest, the commit point: it is no step any more."""
     storage.remove(f"{name}/{MANIFEST}")
@@ -97,11 +102,6 @@ def sweep(storage: Storage, committed: Iterable[str], keep: frozenset[str]) -> N
             continue
         log.info("snapstate: removing %s (no manifest), keeping referenced files", name)
         prune(storage, name, keep)
-
-
-def steps_using(storage: Storage, names: Iterable[str], file: str) -> list[str]:
-    """Of the committed steps ``names``, those whose manifest needs the root-relative ``file``."""
-    return [n for n in names if file in needed_files(storage, n)]
 
 
 @dataclass(frozen=True)

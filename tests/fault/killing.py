@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import snapstate as ss
 from snapstate.cli import main as cli_main
 from snapstate.manager import STEP_DIR, step_dir
-from snapstate.references import referenced
+from snapstate.references import referenced, steps_holding
 from snapstate.storage.base import storage_for
 from support.procs import LineServer
 
@@ -172,6 +172,6 @@ def _uncommitted_state(root: Path, step: int, committed: list[int]) -> str:
     """What `ls` says of a step without a manifest: a leftover, or (incremental saves) a step
     retention deleted whose files committed steps still reference."""
     shared = referenced(storage_for(str(root)), [step_dir(s) for s in committed])
-    if any(f.startswith(step_dir(step) + "/") for f in shared):
+    if step_dir(step) in steps_holding(shared):
         return "deleted (files referenced by later steps kept)"
     return "uncommitted"

@@ -1,4 +1,5 @@
-"""The pure part of incremental saves: reuse decisions, references, retention's guard."""
+"""The pure part of incremental saves: reuse decisions and references (retention's side is
+tested with real files in tests/unit/test_incremental.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,8 @@ from snapstate.format.integrity import BlockHasher
 from snapstate.planning.incremental import (
     ChunkContent,
     StoredChunk,
-    deletable_steps,
     plan_reuse,
     reference,
-    referenced_steps,
     resolve,
 )
 
@@ -78,16 +77,6 @@ def test_reference_and_resolve_are_inverse() -> None:
 def test_resolve_refuses_escapes_and_self_references(bad: str) -> None:
     with pytest.raises(ValueError, match="reference"):
         resolve(NEW, bad)
-
-
-def test_retention_keeps_a_step_a_retained_step_references() -> None:
-    refs = referenced_steps(
-        NEW, ["shards/r00000-000.safetensors", f"../{OLD}/shards/r0.safetensors"]
-    )
-    assert refs == {OLD}
-    candidates = ["step-000000005", OLD]
-    assert deletable_steps(candidates, {NEW: refs}) == ["step-000000005"]
-    assert deletable_steps(candidates, {}) == candidates
 
 
 def test_content_digest_comes_from_the_block_pass_and_tells_bytes_apart() -> None:

@@ -1,5 +1,5 @@
-"""Incremental saves, the pure part: which chunks an earlier step already holds, and which
-step directories retention may delete while retained steps reference files in them.
+"""Incremental saves, the pure part: which chunks an earlier step already holds, and how a
+manifest names a file of another step (retention's side is ``references.py``).
 
 A chunk is reused only when its content digest (xxh3-128 of the stored bytes, computed in the
 pass that makes the block checksums) and everything that decides how its bytes are read
@@ -80,10 +80,10 @@ def chunk_id(name: str, offsets: Iterable[int]) -> ChunkId:
 def plan_reuse(
     prior: Mapping[ChunkId, StoredChunk], current: Mapping[ChunkId, ChunkContent]
 ) -> ReusePlan:
-    """Chunks of ``current`` whose content equals that of the same chunk in ``prior``."""
-    reused = {
-        cid: prior[cid] for cid, c in current.items() if cid in prior and prior[cid].content == c
-    }
+    """Chunks of ``current`` whose content equals that of the same chunk in ``prior``: the
+    decision the writer makes chunk by chunk (``Reuse.reusable``), for a whole save at once."""
+    reuse = Reuse("", prior)
+    reused = {cid: p for cid, c in current.items() if (p := reuse.reusable(cid, c)) is not None}
     written = tuple(sorted(cid for cid in current if cid not in reused))
     return ReusePlan(reused, written)
 
@@ -109,16 +109,3 @@ def step_number(name: str) -> int | None:
     """The step of a step directory's name, or None for any other name."""
     m = STEP_NAME.fullmatch(name)
     return int(m.group(1)) if m else None
-
-
-def referenced_steps(step: str, files: Iterable[str]) -> frozenset[str]:
-    """The other step directories whose files ``step``'s manifest needs."""
-    return frozenset(resolve(step, f).split("/", 1)[0] for f in files if f.startswith("../"))
-
-
-def deletable_steps(candidates: Iterable[str], retained: Mapping[str, frozenset[str]]) -> list[str]:
-    """Of the steps retention would delete, those no retained step references (``retained``:
-    retained step → ``referenced_steps`` of its manifest). A referenced step stays whole, so
-    it stays loadable and its files stay where the references say."""
-    needed = frozenset().union(*retained.values()) if retained else frozenset()
-    return [s for s in candidates if s not in needed]
