@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import snapstate as ss
+from fault.corrupt import flip_byte
 from snapstate.copystep import copy_step
 from snapstate.format.manifest import seal
 from snapstate.manager import step_dir
@@ -150,19 +151,11 @@ def test_retention_keeps_referenced_files_and_drops_them_once_unreferenced(tmp_p
     assert ss.verify(tmp_path / step_dir(4)).ok
 
 
-def flip(path: Path, offset: int) -> None:
-    with open(path, "r+b") as f:
-        f.seek(offset)
-        byte = f.read(1)
-        f.seek(offset)
-        f.write(bytes([byte[0] ^ 0xFF]))
-
-
 def test_verify_names_every_step_a_damaged_shared_file_breaks(tmp_path: Path) -> None:
     save_steps(tmp_path, 3, async_save=False)
     shared = tmp_path / step_dir(1) / "shards" / "r00000-000.safetensors"
     frozen = manifest(tmp_path, 1)["tensors"]["frozen"]["chunks"][0]
-    flip(shared, frozen["start"] + 10)
+    flip_byte(shared, frozen["start"] + 10)
     checks = verify_steps(ss.CheckpointManager(tmp_path).storage)
     assert [c.step for c in checks if c.problem] == [step_dir(s) for s in (1, 2, 3)]
     assert damaged_files(checks) == {
@@ -176,7 +169,7 @@ def test_verify_names_every_step_a_damaged_shared_file_breaks(tmp_path: Path) ->
 def test_restore_falls_back_past_a_step_whose_own_file_is_damaged(tmp_path: Path) -> None:
     saved = save_steps(tmp_path, 3, async_save=False)
     own = tmp_path / step_dir(3) / "shards" / "r00000-000.safetensors"
-    flip(own, own.stat().st_size - 10)  # the head: written by step 3 alone
+    flip_byte(own, own.stat().st_size - 10)  # the head: written by step 3 alone
     target = blank()
     with ss.CheckpointManager(tmp_path) as mgr:
         assert mgr.restore(target) == 2
@@ -189,7 +182,7 @@ def test_setting_aside_a_referenced_step_keeps_the_files_others_need(tmp_path: P
     saved = save_steps(tmp_path, 2, async_save=False)
     own = tmp_path / step_dir(1) / "shards" / "r00000-000.safetensors"
     head = manifest(tmp_path, 1)["tensors"]["head"]["chunks"][0]
-    flip(own, head["start"])  # step 1's head, which step 2 does not reference
+    flip_byte(own, head["start"])  # step 1's head, which step 2 does not reference
     with ss.CheckpointManager(tmp_path) as mgr:
         mgr._set_aside(1)  # as restore does for a damaged step
         assert mgr.steps() == [2]
